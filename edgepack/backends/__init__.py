@@ -1,0 +1,86 @@
+"""Backends behind one small interface, in a registry keyed by name.
+
+A backend turns a prepared (static-shape) ONNX model into what the bundle stage links: engine
+sources implementing ``runtimes/common/ep_runtime.h``'s ep_engine_*, libraries, and the model
+blobs to embed. Adding a backend = one module that calls ``register``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from ..errors import UsageError
+from ..model import LoadedModel
+from ..reference import Tolerance
+from ..targets import Target
+from ..toolchains import Toolchain
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    model: LoadedModel          # static shapes, simplified
+    target: Target
+    precision: str              # "fp16" or "fp32"
+    workdir: Path
+    toolchain: Toolchain
+    log: Callable[[str], None] = print
+
+
+@dataclass(frozen=True)
+class EngineBuild:
+    """A backend's contribution to one artifact."""
+    backend: str
+    sources: tuple[Path, ...]
+    include_dirs: tuple[Path, ...]
+    link_inputs: tuple[Path, ...]      # objects and archives, in link order
+    model_blobs: tuple[Path, ...]
+    options: dict = field(default_factory=dict)
+    tolerance: Tolerance = Tolerance(1e-4, 1e-3)
+    manifest: dict = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    weight_bytes: int = 0              # bytes of weights inside the artifact (for runtime-size reports)
+    link_flags: tuple[str, ...] = ()   # e.g. ("-Wl,--whole-archive", ...) placed around link_inputs
+
+
+class Backend(Protocol):
+    name: str
+
+    def unsupported_ops(self, model: LoadedModel) -> dict[str, list[str]]:
+        """op type -> node names this backend cannot build."""
+
+    def missing_tools(self) -> list[str]:
+        """Human-readable list of what is not installed (empty when ready)."""
+
+    def compile(self, req: CompileRequest) -> EngineBuild:
+        ...
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def get_backend(name: str) -> Backend:
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise UsageError(f"unknown backend {name!r}", hint=f"available: {', '.join(sorted(_REGISTRY))}, auto")
+    return _REGISTRY[name]
+
+
+def all_backends() -> dict[str, Backend]:
+    _load_builtin()
+    return dict(_REGISTRY)
+
+
+def _load_builtin() -> None:
+    if _REGISTRY:
+        return
+    from . import ncnn  # noqa: F401  (registers itself)
+    try:
+        from . import tvm  # noqa: F401
+    except ImportError:
+        pass

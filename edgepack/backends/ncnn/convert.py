@@ -1,0 +1,169 @@
+"""ONNX -> ncnn .param/.bin with pnnx's standalone executable, checked twice:
+the layer types must exist in ncnn, and the converted model (run with the ncnn Python wheel)
+must agree with onnxruntime, because pnnx silently mis-converts some graphs."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ... import proc
+from ...cache import cache_root, key_of, locked, sha256_bytes
+from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
+from ...model import LoadedModel
+from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
+
+PNNX_VERSION = "20261020"
+
+
+def pnnx_executable() -> Path:
+    spec = importlib.util.find_spec("pnnx")
+    if spec is None or not spec.submodule_search_locations:
+        raise ToolMissingError("pnnx is not installed",
+                               hint=f"pip install --no-deps pnnx=={PNNX_VERSION} (its executable needs no torch)")
+    exe = Path(list(spec.submodule_search_locations)[0]) / "pnnx"
+    if not exe.is_file():
+        raise ToolMissingError(f"pnnx executable missing at {exe}", hint=f"pip install --no-deps pnnx=={PNNX_VERSION}")
+    return exe
+
+
+@dataclass(frozen=True)
+class NcnnModel:
+    param: Path
+    bin: Path
+    input_blobs: tuple[str, ...]
+    output_blobs: tuple[str, ...]
+    input_batch: tuple[str, ...]    # "0" or "none" per input
+    output_batch: tuple[str, ...]
+    layer_types: tuple[str, ...]
+    check_error: float              # python-ncnn vs onnxruntime, max abs
+    key: str
+
+
+def parse_param_layers(text: str) -> list[tuple[str, str]]:
+    """(type, name) for each layer line of a .param file."""
+    lines = text.strip().splitlines()
+    if not lines or lines[0].strip() != "7767517":
+        raise BuildError("pnnx wrote a .param without the ncnn magic number")
+    out = []
+    for line in lines[2:]:
+        parts = line.split()
+        if len(parts) >= 2:
+            out.append((parts[0], parts[1]))
+    return out
+
+
+def _guess_onnx_op(layer_type: str, model: LoadedModel) -> str:
+    """Map a pnnx leftover such as torch.topk / Tensor.masked_fill to the ONNX op it came from."""
+    tail = layer_type.split(".")[-1].lower().replace("_", "")
+    for op, nodes in model.ops().items():
+        if op.lower() == tail or tail.startswith(op.lower()) or op.lower().startswith(tail):
+            return f"ONNX op {op} (node {nodes[0]})"
+    return f"no single ONNX op; pnnx layer {layer_type}"
+
+
+def _io_from_pyscript(py: str, n_in: int, n_out: int):
+    ins = re.findall(r'ex\.input\("([^"]+)",\s*ncnn\.Mat\(\w+\.numpy\(\)(?:,\s*batch_index=(\d+))?\)', py)
+    outs = re.findall(r'_,\s*(\w+)\s*=\s*ex\.extract\("([^"]+)"\)', py)
+    out_batch = {}
+    for var, _ in outs:
+        m = re.search(rf"{var}\.numpy\((?:batch_index=(\d+))?\)", py)
+        out_batch[var] = m.group(1) if m and m.group(1) else None
+    if len(ins) != n_in or len(outs) != n_out:
+        raise BuildError(f"pnnx produced {len(ins)} inputs/{len(outs)} outputs, the model has {n_in}/{n_out}",
+                         hint="the graph may have unused inputs or constant outputs; simplify it first")
+    in_blobs = tuple(n for n, _ in ins)
+    in_batch = tuple("0" if b == "0" else "none" for _, b in ins)
+    out_blobs = tuple(b for _, b in outs)
+    ob = tuple("0" if out_batch[v] == "0" else "none" for v, _ in outs)
+    return in_blobs, in_batch, out_blobs, ob
+
+
+def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
+    import ncnn  # the Python wheel: the converted model's independent check
+    blob = model.proto.SerializeToString()
+    key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 1})
+    root = cache_root() / "ncnn-models" / key
+    with locked(cache_root() / "locks" / f"ncnn-model-{key}.lock"):
+        meta_path = root / "convert.json"
+        if meta_path.is_file():
+            meta = json.loads(meta_path.read_text())
+            return NcnnModel(root / "model.ncnn.param", root / "model.ncnn.bin", **{
+                k: tuple(v) if isinstance(v, list) else v for k, v in meta.items()})
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        (root / "model.onnx").write_bytes(blob)
+        shape = ",".join("[" + ",".join(str(d) for d in s.shape) + "]" for s in model.inputs)
+        dtypes = {"float32": "f32", "float16": "f16", "int32": "i32", "int64": "i64", "uint8": "u8", "int8": "i8"}
+        type_suffix = ",".join(f"[{','.join(str(d) for d in s.shape)}]{dtypes.get(s.dtype, 'f32')}"
+                               for s in model.inputs)
+        fp16 = "1" if precision == "fp16" else "0"
+        log(f"converting with pnnx (fp16 weights={fp16})")
+        proc.run([pnnx_executable(), "model.onnx", f"inputshape={type_suffix}", f"fp16={fp16}"],
+                 what=f"pnnx converting {model.path.name}", cwd=root, timeout=900, log=root / "pnnx.log")
+        param, binf = root / "model.ncnn.param", root / "model.ncnn.bin"
+        if not param.is_file() or not binf.is_file():
+            raise BuildError(f"pnnx wrote no ncnn model for {model.path.name} (log: {root / 'pnnx.log'})")
+        layers = parse_param_layers(param.read_text())
+        for ltype, lname in layers:
+            if ncnn.layer_to_index(ltype) < 0:
+                raise UnsupportedOpError(
+                    f"{model.path.name}: ncnn has no layer for {ltype} (layer {lname}; {_guess_onnx_op(ltype, model)})",
+                    hint="use --backend tvm, or rewrite that part of the model")
+        in_blobs, in_batch, out_blobs, out_batch = _io_from_pyscript(
+            (root / "model_ncnn.py").read_text(), len(model.inputs), len(model.outputs))
+        for s in model.inputs:
+            if s.dtype != "float32":
+                raise UnsupportedOpError(f"{model.path.name}: input {s.name} is {s.dtype}; ncnn artifacts take float32",
+                                         hint="use --backend tvm for integer inputs")
+        err = _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision)
+        meta = {"input_blobs": in_blobs, "output_blobs": out_blobs, "input_batch": in_batch,
+                "output_batch": out_batch, "layer_types": sorted({t for t, _ in layers}), "check_error": err,
+                "key": key}
+        for junk in root.glob("model.pnnx*"):
+            junk.unlink()
+        meta_path.write_text(json.dumps(meta, indent=1))
+        return NcnnModel(param, binf, **{k: tuple(v) if isinstance(v, list) else v for k, v in meta.items()})
+
+
+def _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision) -> float:
+    import ncnn
+    inputs = random_inputs(model.inputs, seed=1234)
+    ref = run_onnxruntime(model, inputs)
+    net = ncnn.Net()
+    net.opt.num_threads = 1
+    net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+    if net.load_param(str(param)) != 0 or net.load_model(str(binf)) != 0:
+        raise BuildError("the ncnn Python wheel could not load pnnx's output")
+    got = {}
+    with net.create_extractor() as ex:
+        for spec, blob, b in zip(model.inputs, in_blobs, in_batch):
+            arr = inputs[spec.name]
+            mat = ncnn.Mat(arr[0] if b == "0" else arr).clone()
+            ex.input(blob, mat)
+        for spec, blob, b in zip(model.outputs, out_blobs, out_batch):
+            ret, mat = ex.extract(blob)
+            if ret != 0:
+                raise BuildError(f"ncnn failed to compute output {spec.name} (blob {blob})")
+            arr = np.array(mat)
+            want = tuple(int(d) for d in ref[spec.name].shape)
+            if arr.size != int(np.prod(want)):
+                raise VerificationError(
+                    f"{model.path.name}: pnnx mis-converted output {spec.name}: ncnn gives shape {arr.shape}, "
+                    f"onnxruntime {want}", hint="use --backend tvm for this model")
+            got[spec.name] = arr.reshape(want)
+    tol = Tolerance(atol=1e-3, rtol=1e-2) if precision == "fp16" else Tolerance(atol=1e-4, rtol=1e-3)
+    results = compare(got, ref, tol)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        r = bad[0]
+        raise VerificationError(
+            f"{model.path.name}: pnnx/ncnn output {r.name} disagrees with onnxruntime: max abs error "
+            f"{r.max_abs_err:.3g} > {r.bound:.3g}", hint="pnnx mis-converted this graph; try --backend tvm")
+    return max((r.max_abs_err for r in results), default=0.0)

@@ -1,0 +1,36 @@
+"""ONNX operators the pnnx -> ncnn path builds (after onnxsim has folded shape arithmetic).
+
+Kept true by tests/test_op_coverage.py, which converts single-op models for a sample of each
+list. Ops outside the table are reported before conversion; the converted .param is checked
+again against ncnn's own layer registry, and outputs against onnxruntime.
+"""
+
+SUPPORTED = frozenset({
+    # convolution / pooling / normalisation
+    "Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+    "BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization", "LRN",
+    # activations
+    "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus",
+    "Mish", "Gelu", "Clip", "Softmax", "LogSoftmax", "Erf",
+    # element-wise arithmetic
+    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Abs", "Neg", "Reciprocal", "Floor", "Ceil",
+    "Sin", "Cos", "Min", "Max",
+    # linear algebra
+    "MatMul", "Gemm", "Einsum",
+    # shape and layout
+    "Reshape", "Flatten", "Transpose", "Concat", "Split", "Slice", "Squeeze", "Unsqueeze", "Pad",
+    "Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "Tile", "Expand",
+    # reductions
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
+    # recurrent
+    "LSTM", "GRU", "RNN",
+    # graph plumbing that conversion removes
+    "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast",
+})
+
+# Known to fail in pnnx/ncnn (shared notes): reported with the node name before converting.
+KNOWN_UNSUPPORTED = frozenset({
+    "TopK", "Where", "GatherElements", "CumSum", "NonZero", "NonMaxSuppression", "ScatterND",
+    "ScatterElements", "Loop", "If", "Scan", "ArgMax", "ArgMin", "RoiAlign", "Range", "OneHot",
+    "Mod", "Equal", "Less", "Greater", "And", "Or", "Not",
+})

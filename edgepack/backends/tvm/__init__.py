@@ -1,0 +1,1 @@
+"""Apache TVM backend (relax) — see issue: TVM backend."""

@@ -1,0 +1,49 @@
+"""The user cache: heavy builds (libncnn, zig's libc) keyed by content hashes."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    env = os.environ.get("EDGEPACK_CACHE")
+    if env:
+        root = Path(env)
+    else:
+        root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgepack"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def key_of(obj) -> str:
+    """A short stable hash of a JSON-able description of a build's inputs."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:20]
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock so two edgepack processes never build the same cache entry at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,183 @@
+"""The ``edgepack`` command line: parses options and calls the library, nothing more."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .errors import EdgepackError
+
+err_console = Console(stderr=True, highlight=False)
+out_console = Console(highlight=False)
+
+
+class Context:
+    def __init__(self, debug: bool):
+        self.debug = debug
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgepack")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.pass_context
+def cli(ctx, debug):
+    """Build one verified, self-contained executable per edge target from an ONNX model."""
+    ctx.obj = Context(debug)
+
+
+def _target_dirs(dirs):
+    return [Path(d) for d in dirs]
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--target", "-t", "target_specs", multiple=True, help="Target name or alias; repeat or comma-separate.")
+@click.option("--all", "all_targets", is_flag=True, help="Build for every target in the matrix.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--backend", default="auto", show_default=True, help="ncnn, tvm or auto.")
+@click.option("--fp16/--fp32", "fp16", default=True, show_default=True,
+              help="fp16 weights (and fp16 math on CPUs that have it) or full fp32.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
+              help="Fix symbolic input dims.")
+@click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path),
+              help="Extra folder of target .toml files.")
+@click.option("--no-verify", is_flag=True, help="Skip running the artifact against onnxruntime.")
+@click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
+def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes, targets_dir, no_verify,
+          no_simplify, as_json):
+    """Build MODEL (.onnx) into one executable per target."""
+    from .model import parse_shape_args
+    from .pipeline import BuildOptions, build as run_build
+    from .targets import TargetMatrix
+
+    matrix = TargetMatrix.load(_target_dirs(targets_dir))
+    targets = matrix.resolve(list(target_specs), all_targets)
+    opts = BuildOptions(backend=backend, precision="fp16" if fp16 else "fp32",
+                        input_shapes=parse_shape_args(list(input_shapes)), out_dir=out_dir,
+                        verify=not no_verify, simplify=not no_simplify)
+
+    def log(msg):
+        err_console.print(f"[dim]{msg}[/dim]")
+
+    def on_result(res):
+        if res.ok:
+            err_console.print(f"[green]✓[/green] {res.target}: {res.path} ({res.size / 1e6:.2f} MB, "
+                              f"{res.backend}, max err {res.max_abs_err if res.max_abs_err is not None else '-'})")
+        else:
+            err_console.print(f"[red]✗[/red] {res.target}: {res.error}")
+
+    results = run_build(model, targets, opts, log=log, on_result=on_result)
+    if as_json:
+        click.echo(json.dumps({"model": str(model), "results": [r.to_json() for r in results],
+                               "ok": all(r.ok for r in results)}, indent=1))
+    else:
+        table = Table(title=f"edgepack build {model}")
+        for col in ("target", "backend", "file", "size", "max error", "verdict"):
+            table.add_column(col)
+        for r in results:
+            err = f"{r.max_abs_err:.2e} ≤ {r.bound:.1e}" if r.max_abs_err is not None else "-"
+            table.add_row(r.target, r.backend or "-", str(r.path) if r.path else "-",
+                          f"{r.size / 1e6:.2f} MB" if r.size else "-", err,
+                          "[green]PASS[/green]" if r.ok else f"[red]FAIL[/red] {r.error}")
+        out_console.print(table)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        codes = {r.exit_code for r in failed}
+        raise SystemExit(codes.pop() if len(codes) == 1 else 1)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path))
+def targets(as_json, targets_dir):
+    """Print the target matrix."""
+    from .targets import TargetMatrix
+    matrix = TargetMatrix.load(_target_dirs(targets_dir))
+    rows = [matrix.targets[n].summary() for n in matrix.names()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title="edgepack targets")
+    for col in ("name", "triple", "cpu", "link", "page", "qemu cpu", "backends", "aliases"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["triple"], r["cpu"], r["link"], str(r["page_size"]), r["qemu_cpu"] or "native",
+                      ",".join(r["backends"]), ",".join(r["aliases"]))
+    out_console.print(table)
+
+
+@cli.command()
+def doctor():
+    """List the tools edgepack needs, found or missing, and how to install them."""
+    from .doctor import checks
+    table = Table(title="edgepack doctor")
+    for col in ("tool", "status", "detail / fix"):
+        table.add_column(col)
+    bad = 0
+    for c in checks():
+        bad += not c.ok
+        table.add_row(c.name, "[green]found[/green]" if c.ok else "[red]missing[/red]", c.detail)
+    out_console.print(table)
+    if bad:
+        raise SystemExit(6)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224")
+@click.option("--json", "as_json", is_flag=True)
+def inspect(model, input_shapes, as_json):
+    """Ops x backends: which backend can build MODEL, per target."""
+    from .inspect import inspect_model
+    report = inspect_model(model, list(input_shapes))
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+        return
+    table = Table(title=f"ops in {model}")
+    names = report["backends"]
+    for col in ["op", "nodes"] + names:
+        table.add_column(col)
+    for op in report["ops"]:
+        table.add_row(op["op"], str(op["count"]),
+                      *("[green]yes[/green]" if op["support"][b] else "[red]no[/red]" for b in names))
+    out_console.print(table)
+    for t, verdict in report["targets"].items():
+        out_console.print(f"{t}: {verdict}")
+
+
+# Command groups kept in their own modules register themselves on `cli`.
+from . import cli_deploy  # noqa: E402,F401
+
+
+def main(argv=None):
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="edgepack", standalone_mode=False)
+    except EdgepackError as exc:
+        if debug:
+            raise
+        err_console.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
+        if exc.hint:
+            err_console.print(f"[yellow]hint:[/yellow] {exc.hint}", soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

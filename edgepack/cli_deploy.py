@@ -1,0 +1,1 @@
+"""Deploy commands (edgepack deploy / devices / rollback / smoke) register on the main group here."""

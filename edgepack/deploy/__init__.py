@@ -1,0 +1,1 @@
+"""SSH deployment of artifacts to devices (issue: edgepack deploy)."""

@@ -1,0 +1,217 @@
+"""Stages 1–2: load & check the ONNX model, fix symbolic input dims, simplify with onnxsim."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .errors import ModelError, UsageError
+
+_ONNX_TO_NP = {
+    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT16: "int16",
+    onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.BOOL: "bool",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple          # ints, or strings for symbolic dims
+    dtype: str            # numpy dtype name
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) and d > 0 for d in self.shape)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    path: Path
+    proto: onnx.ModelProto = field(repr=False, compare=False)
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    opset: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def ops(self) -> dict[str, list[str]]:
+        """op_type (with domain prefix when not the default) -> node names, over all subgraphs."""
+        found: dict[str, list[str]] = {}
+
+        def walk(graph):
+            for i, node in enumerate(graph.node):
+                op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+                found.setdefault(op, []).append(node.name or f"{node.op_type}_{i}")
+                for attr in node.attribute:
+                    if attr.g is not None and attr.type == onnx.AttributeProto.GRAPH:
+                        walk(attr.g)
+                    for g in attr.graphs:
+                        walk(g)
+        walk(self.proto.graph)
+        return found
+
+
+def _value_specs(values, initializer_names: set[str]) -> tuple[TensorSpec, ...]:
+    specs = []
+    for v in values:
+        if v.name in initializer_names:
+            continue
+        tt = v.type.tensor_type
+        dtype = _ONNX_TO_NP.get(tt.elem_type)
+        if dtype is None:
+            raise ModelError(f"input/output {v.name!r} has an unsupported element type "
+                             f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")
+        dims = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(int(d.dim_value))
+            else:
+                dims.append(d.dim_param or f"?{i}")
+        specs.append(TensorSpec(v.name, tuple(dims), dtype))
+    return tuple(specs)
+
+
+def load_model(path: Path) -> LoadedModel:
+    """Read and check an ONNX file (external data next to it is loaded too)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: no such file")
+    head = path.read_bytes()[:64]
+    if not head:
+        raise ModelError(f"{path}: file is empty")
+    try:
+        proto = onnx.load(str(path), load_external_data=True)
+    except FileNotFoundError as exc:
+        raise ModelError(f"{path}: external data file missing: {exc.filename}",
+                         hint="keep the .data file next to the .onnx file") from exc
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise ModelError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:160]})",
+                         hint="the file is truncated or not ONNX; re-export it") from exc
+    if not proto.graph.node:
+        raise ModelError(f"{path}: not an ONNX model (the graph has no nodes)",
+                         hint="the file is truncated or not ONNX; re-export it")
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0][:200]
+        raise ModelError(f"{path}: invalid ONNX model: {first}", hint="re-export the model") from exc
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto)
+    except Exception as exc:
+        raise ModelError(f"{path}: shape inference failed: {str(exc).strip().splitlines()[0][:200]}") from exc
+    inits = {i.name for i in proto.graph.initializer}
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return LoadedModel(path, proto, _value_specs(proto.graph.input, inits), _value_specs(proto.graph.output, set()),
+                       opset)
+
+
+_SHAPE_RE = re.compile(r"^(?P<name>[^=]+)=(?P<dims>\d+(?:[x,]\d+)*)$")
+
+
+def parse_shape_args(args: list[str]) -> dict[str, tuple[int, ...]]:
+    """``NAME=1x3x224x224`` (or ``1,3,224,224``) per input."""
+    shapes = {}
+    for a in args:
+        m = _SHAPE_RE.match(a.strip())
+        if not m:
+            raise UsageError(f"bad --input-shape {a!r}", hint="write NAME=1x3x224x224")
+        shapes[m["name"]] = tuple(int(d) for d in re.split(r"[x,]", m["dims"]))
+    return shapes
+
+
+def fix_input_shapes(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -> LoadedModel:
+    """Make every input static: user shapes first; a lone symbolic batch dim defaults to 1."""
+    names = {i.name for i in model.inputs}
+    unknown = set(shapes) - names
+    if unknown:
+        raise UsageError(f"--input-shape names unknown input(s) {sorted(unknown)}",
+                         hint=f"the model's inputs are {sorted(names)}")
+    new_specs, notes = [], list(model.notes)
+    for spec in model.inputs:
+        if spec.name in shapes:
+            want = shapes[spec.name]
+            if len(want) != len(spec.shape):
+                raise UsageError(f"--input-shape {spec.name}: {len(want)} dims given, the model has "
+                                 f"{len(spec.shape)} ({_fmt(spec.shape)})")
+            for have, w in zip(spec.shape, want):
+                if isinstance(have, int) and have != w:
+                    raise UsageError(f"--input-shape {spec.name}: {_fmt(want)} contradicts the model's "
+                                     f"fixed shape {_fmt(spec.shape)}")
+            new_specs.append(TensorSpec(spec.name, tuple(want), spec.dtype))
+            continue
+        symbolic = [i for i, d in enumerate(spec.shape) if not isinstance(d, int)]
+        if not symbolic:
+            new_specs.append(spec)
+        elif symbolic == [0]:
+            notes.append(f"input {spec.name}: symbolic batch dim {spec.shape[0]!r} fixed to 1")
+            new_specs.append(TensorSpec(spec.name, (1,) + tuple(spec.shape[1:]), spec.dtype))
+        else:
+            dims = ", ".join(str(spec.shape[i]) for i in symbolic)
+            raise UsageError(f"input {spec.name} has symbolic dims ({dims}) in shape {_fmt(spec.shape)}",
+                             hint=f"state them: --input-shape {spec.name}="
+                                  + "x".join(str(d) if isinstance(d, int) else "N" for d in spec.shape))
+    if tuple(new_specs) == model.inputs:
+        return model
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    by_name = {s.name: s for s in new_specs}
+    for v in proto.graph.input:
+        if v.name in by_name:
+            dims = v.type.tensor_type.shape.dim
+            for d, n in zip(dims, by_name[v.name].shape):
+                d.Clear()
+                d.dim_value = n
+    # Outputs' symbolic dims are recomputed by shape inference.
+    for v in proto.graph.output:
+        for d in v.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value"):
+                d.Clear()
+    for v in list(proto.graph.value_info):
+        proto.graph.value_info.remove(v)
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception as exc:
+        raise ModelError(f"{model.path}: shape inference with the fixed input shapes failed: {exc}") from exc
+    inits = {i.name for i in proto.graph.initializer}
+    return LoadedModel(model.path, proto, _value_specs(proto.graph.input, inits),
+                       _value_specs(proto.graph.output, set()), model.opset, tuple(notes))
+
+
+def simplify(model: LoadedModel) -> LoadedModel:
+    """onnxsim with the static shapes; if onnxsim itself fails, keep the graph and say so."""
+    import onnxsim
+    try:
+        simplified, ok = onnxsim.simplify(model.proto)
+    except Exception as exc:  # onnxsim raises plain RuntimeError/ValueError/... from C++
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        return _with(model, model.proto, f"onnxsim failed ({reason}); using the unsimplified graph")
+    if not ok:
+        return _with(model, model.proto, "onnxsim could not validate its result; using the unsimplified graph")
+    before, after = len(model.proto.graph.node), len(simplified.graph.node)
+    return _with(model, simplified, f"onnxsim: {before} -> {after} nodes")
+
+
+def _with(model: LoadedModel, proto, note: str) -> LoadedModel:
+    inits = {i.name for i in proto.graph.initializer}
+    outputs = _value_specs(proto.graph.output, set())
+    return LoadedModel(model.path, proto, _value_specs(proto.graph.input, inits), outputs, model.opset,
+                       model.notes + (note,))
+
+
+def _fmt(shape) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def model_bytes(model: LoadedModel) -> bytes:
+    return model.proto.SerializeToString()

@@ -1,0 +1,43 @@
+"""Checked subprocess calls: every external command goes through ``run``."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .errors import BuildError, ToolMissingError
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run(cmd: Sequence[str | os.PathLike], *, what: str, cwd: Path | None = None,
+        env: Mapping[str, str] | None = None, timeout: float | None = None,
+        error: type = BuildError, log: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd``; raise ``error`` naming ``what`` with the output's tail when it fails.
+
+    ``log``, when given, receives the full stdout+stderr (heavy builds write a lot).
+    """
+    argv = [str(c) for c in cmd]
+    full_env = None
+    if env is not None:
+        full_env = dict(os.environ)
+        full_env.update(env)
+    try:
+        proc = subprocess.run(argv, cwd=cwd, env=full_env, timeout=timeout,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              errors="replace")
+    except FileNotFoundError as exc:
+        raise ToolMissingError(f"{what}: program not found: {argv[0]}",
+                               hint="run `edgepack doctor` to see what is missing") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise error(f"{what}: timed out after {timeout:.0f} s") from exc
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(proc.stdout)
+    if proc.returncode != 0:
+        where = f" (full log: {log})" if log else ""
+        raise error(f"{what} failed with exit code {proc.returncode}{where}:\n{_tail(proc.stdout)}")
+    return proc

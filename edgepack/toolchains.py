@@ -1,0 +1,170 @@
+"""Hermetic toolchains described by ``toolchains/*.toml`` (today: zig from PyPI).
+
+Every compile and link for a target goes through ``Toolchain``; CMake projects get generated
+cc/c++/ar/ranlib wrapper scripts with the target baked in (setting it through the environment
+at configure time silently produced host binaries, see shared notes).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import stat
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import proc
+from .cache import cache_root
+from .errors import BuildError, ToolMissingError
+from .resources import toolchains_dir
+from .targets import Target
+
+# Fixed so builds are reproducible: nothing time-dependent reaches the binaries.
+SOURCE_DATE_EPOCH = "1700000000"
+WRAPPER_VERSION = 2  # bump when the wrapper's rewriting changes (part of cache keys)
+
+# zig rejects -march=armv8.2-a+fp16 (CMake feature checks then silently drop fp16 kernels),
+# so wrappers rewrite it into zig's -mcpu=generic+v8_2a+fullfp16 spelling.
+_ARM_FEATURE_NAMES = {"fp16": "fullfp16", "simd": "neon", "crypto": "crypto", "dotprod": "dotprod",
+                      "fp16fml": "fp16fml", "bf16": "bf16", "i8mm": "i8mm", "sve": "sve", "sve2": "sve2",
+                      "f32mm": "f32mm", "f64mm": "f64mm"}
+
+
+def rewrite_march(arg: str) -> str:
+    m = re.fullmatch(r"-march=armv(\d)\.(\d)-a((?:\+[a-z0-9]+)*)", arg)
+    if not m:
+        m8 = re.fullmatch(r"-march=armv8-a((?:\+[a-z0-9]+)*)", arg)
+        if not m8:
+            return arg
+        major, minor, feats = "8", "0", m8.group(1)
+    else:
+        major, minor, feats = m.group(1), m.group(2), m.group(3)
+    parts = ["generic"]
+    if minor != "0":
+        parts.append(f"v{major}_{minor}a")
+    for f in filter(None, feats.split("+")):
+        parts.append(_ARM_FEATURE_NAMES.get(f, f))
+    return "-mcpu=" + "+".join(parts)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    name: str
+    package: str
+    version: str
+    python_module: str
+    strip_candidates: tuple[str, ...]
+    cflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+
+    @classmethod
+    def load(cls, name: str = "zig") -> "Toolchain":
+        path = toolchains_dir() / f"{name}.toml"
+        if not path.is_file():
+            raise ToolMissingError(f"no toolchain file for {name!r} ({path})")
+        d = tomllib.loads(path.read_text())
+        return cls(d["name"], d["package"], d["version"], d["python_module"], tuple(d["strip"]),
+                   tuple(d.get("cflags", [])), tuple(d.get("ldflags", [])))
+
+    # ---- discovery -------------------------------------------------------------------------
+    def installed_version(self) -> str | None:
+        try:
+            return importlib.metadata.version(self.package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def check(self) -> None:
+        have = self.installed_version()
+        if have is None:
+            raise ToolMissingError(f"toolchain {self.name}: Python package {self.package} is not installed",
+                                   hint=f"pip install {self.package}=={self.version}")
+        if have != self.version:
+            raise ToolMissingError(f"toolchain {self.name}: {self.package} {have} installed, edgepack pins "
+                                   f"{self.version}", hint=f"pip install {self.package}=={self.version}")
+
+    def strip_tool(self) -> str:
+        for cand in self.strip_candidates:
+            found = shutil.which(cand)
+            if found:
+                return found
+        raise ToolMissingError("no llvm-strip found", hint="apt-get install llvm")
+
+    def zig(self) -> list[str]:
+        return [sys.executable, "-m", self.python_module]
+
+    def env(self) -> dict[str, str]:
+        root = cache_root()
+        return {"ZIG_GLOBAL_CACHE_DIR": str(root / "zig-global"),
+                "ZIG_LOCAL_CACHE_DIR": str(root / "zig-local"),
+                "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
+
+    # ---- flags -------------------------------------------------------------------------------
+    def target_flags(self, target: Target, cpu: str | None = None) -> list[str]:
+        return ["-target", target.triple.zig, f"-mcpu={cpu or target.cpu}"]
+
+    def compile_flags(self, target: Target, cpu: str | None = None) -> list[str]:
+        flags = self.target_flags(target, cpu) + list(self.cflags)
+        if target.link in ("static-pie", "dynamic"):
+            flags.append("-fPIE")
+        return flags
+
+    def link_flags(self, target: Target) -> list[str]:
+        # Link for the triple's baseline CPU: zig builds libc/libc++ once per (triple, cpu, pie)
+        # combination, and the hot code is already compiled for target.cpu.
+        flags = self.target_flags(target, cpu=generic_cpu(target)) + list(self.ldflags)
+        flags.append(f"-Wl,-z,max-page-size={target.page_size}")
+        if target.link == "static":
+            flags.append("-static")
+        elif target.link == "static-pie":
+            flags += ["-static", "-fPIE", "-pie"]
+        return flags
+
+    # ---- actions -----------------------------------------------------------------------------
+    def compile(self, src: Path, out: Path, target: Target, *, cxx: bool = False, extra: list[str] = (),
+                cwd: Path | None = None) -> Path:
+        driver = "c++" if cxx else "cc"
+        cmd = self.zig() + [driver] + self.compile_flags(target) + list(extra) + ["-c", str(src), "-o", str(out)]
+        proc.run(cmd, what=f"compiling {src.name} for {target.name}", env=self.env(), cwd=cwd)
+        return out
+
+    def link(self, inputs: list[Path], out: Path, target: Target, *, extra: list[str] = (),
+             cwd: Path | None = None) -> Path:
+        cmd = self.zig() + ["c++"] + self.link_flags(target) + [str(i) for i in inputs] + list(extra) + ["-o", str(out)]
+        proc.run(cmd, what=f"linking {out.name} for {target.name}", env=self.env(), cwd=cwd)
+        return out
+
+    def strip(self, path: Path) -> None:
+        proc.run([self.strip_tool(), "--strip-all", str(path)], what=f"stripping {path.name}")
+
+    def write_wrappers(self, folder: Path, target: Target, cpu: str) -> dict[str, Path]:
+        """cc/c++/ar/ranlib scripts for CMake, with the zig target baked in."""
+        folder.mkdir(parents=True, exist_ok=True)
+        env = self.env()
+        base = self.zig()
+        tflags = ["-target", target.triple.zig, f"-mcpu={cpu}"]
+        out = {}
+        for tool in ("cc", "c++", "ar", "ranlib"):
+            script = folder / tool
+            takes_target = tool in ("cc", "c++")
+            lines = [
+                f"#!{sys.executable}",
+                "# generated by edgepack: zig " + tool + " for " + target.triple.zig,
+                "import os, sys",
+                f"sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})",
+                "from edgepack.toolchains import rewrite_march",
+                f"os.environ.update({env!r})",
+                f"argv = {base + [tool] + (tflags if takes_target else [])!r}",
+                "argv += [rewrite_march(a) for a in sys.argv[1:]]" if takes_target else "argv += sys.argv[1:]",
+                "os.execv(argv[0], argv)",
+            ]
+            script.write_text("\n".join(lines) + "\n")
+            script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            out[tool] = script
+        return out
+
+
+def generic_cpu(target: Target) -> str:
+    return {"x86_64": "x86_64", "aarch64": "generic", "arm": "generic"}[target.arch]

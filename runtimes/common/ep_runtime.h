@@ -1,0 +1,128 @@
+/* edgepack artifact runtime: the parts shared by every backend.
+ *
+ * Library code here never calls exit(): every function returns an ep_code and fills an
+ * ep_status with a one-line message. ep_main.c holds main() so tests can link the rest.
+ */
+#ifndef EP_RUNTIME_H
+#define EP_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EP_MAX_DIMS 8
+
+typedef enum {
+    EP_OK = 0,
+    EP_ERR_USAGE = 2,    /* bad command line */
+    EP_ERR_INPUT = 3,    /* bad input file / shape / dtype */
+    EP_ERR_MODEL = 4,    /* the embedded model failed to load or run */
+    EP_ERR_IO = 5,       /* reading or writing a file failed */
+    EP_ERR_NOMEM = 6,
+} ep_code;
+
+typedef struct {
+    int code;
+    char message[512];
+} ep_status;
+
+int ep_fail(ep_status *st, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+typedef enum { EP_F32 = 0, EP_F64, EP_I32, EP_I64, EP_U8, EP_I8, EP_BOOL, EP_F16, EP_DTYPE_COUNT } ep_dtype;
+
+const char *ep_dtype_name(ep_dtype t);
+size_t ep_dtype_size(ep_dtype t);
+
+typedef struct {
+    ep_dtype dtype;
+    int ndim;
+    int64_t shape[EP_MAX_DIMS];
+    void *data;      /* owned when owned != 0 */
+    size_t nbytes;
+    int owned;
+} ep_tensor;
+
+int64_t ep_shape_count(const int64_t *shape, int ndim);
+int ep_tensor_alloc(ep_tensor *t, ep_dtype dtype, int ndim, const int64_t *shape, ep_status *st);
+void ep_tensor_free(ep_tensor *t);
+void ep_shape_str(const int64_t *shape, int ndim, char *buf, size_t len);
+
+/* ---- what the build embedded ------------------------------------------------------------ */
+typedef struct {
+    const unsigned char *data;
+    const uint64_t *size; /* defined next to the data by the generated assembler file */
+} ep_blob;
+
+typedef struct {
+    const char *name;
+    ep_dtype dtype;
+    int ndim;
+    int64_t shape[EP_MAX_DIMS];
+} ep_io_spec;
+
+typedef struct {
+    const char *key;
+    const char *value;
+} ep_option;
+
+typedef struct {
+    const char *model_name;
+    const char *target;
+    const char *backend;
+    int n_inputs;
+    const ep_io_spec *inputs;
+    int n_outputs;
+    const ep_io_spec *outputs;
+    double atol, rtol;          /* selftest passes when max|a-b| <= atol + rtol*max|ref| */
+    int n_options;
+    const ep_option *options;   /* backend settings, e.g. ncnn blob names */
+    ep_blob manifest_json;
+    const ep_blob *golden_inputs;   /* .npy bytes, one per input */
+    const ep_blob *golden_outputs;  /* .npy bytes, one per output */
+    int n_model_blobs;
+    const ep_blob *model_blobs;     /* backend-specific (ncnn: param text, weights) */
+} ep_model_spec;
+
+extern const ep_model_spec ep_spec; /* generated per artifact */
+
+const char *ep_option_get(const ep_model_spec *spec, const char *key, const char *fallback);
+static inline size_t ep_blob_size(const ep_blob *b) { return b->size ? (size_t)*b->size : 0; }
+
+/* ---- .npy ------------------------------------------------------------------------------- */
+/* Parse an .npy image in memory into a tensor that owns a copy of the data. */
+int ep_npy_parse(const unsigned char *buf, size_t len, ep_tensor *out, ep_status *st);
+int ep_npy_write_file(const char *path, const ep_tensor *t, ep_status *st);
+int ep_read_file(const char *path, size_t max_bytes, unsigned char **data, size_t *len, ep_status *st);
+
+/* ---- the backend engine ----------------------------------------------------------------- */
+typedef struct ep_engine ep_engine;
+int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_status *st);
+/* inputs: spec->n_inputs tensors in spec order, shapes/dtypes already checked.
+ * outputs: spec->n_outputs tensors allocated by the caller with the spec's shapes. */
+int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st);
+void ep_engine_close(ep_engine *e);
+const char *ep_engine_describe(void); /* e.g. "ncnn 1.0.20261020" */
+
+/* ---- shared helpers used by the CLI ----------------------------------------------------- */
+int ep_check_input(const ep_io_spec *spec, const ep_tensor *t, ep_status *st);
+int ep_alloc_outputs(const ep_model_spec *spec, ep_tensor *outputs, ep_status *st);
+double ep_max_abs_diff(const ep_tensor *a, const ep_tensor *b);
+double ep_max_abs(const ep_tensor *t);
+double ep_now_ms(void);
+int ep_default_threads(void);
+void ep_json_string(FILE *f, const char *s);
+
+int ep_cli(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,157 @@
+/* The ncnn engine behind ep_engine_*: loads the embedded .param/.bin through ncnn's C API.
+ *
+ * Options from the spec: ncnn.in.<i> / ncnn.out.<i> (blob names), ncnn.batch_axis.<i>
+ * ("0" when the ONNX dim 0 is a batch dim ncnn does not see, "none" otherwise),
+ * ncnn.fp32 ("1" forces fp32 storage and arithmetic).
+ * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights.
+ */
+#include "ep_runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ncnn/c_api.h"
+
+struct ep_engine {
+    const ep_model_spec *spec;
+    ncnn_net_t net;
+    ncnn_option_t opt;
+};
+
+const char *ep_engine_describe(void) { return "ncnn"; }
+
+static const char *indexed(const ep_model_spec *spec, const char *prefix, int i, const char *fallback) {
+    char key[64];
+    snprintf(key, sizeof key, "%s.%d", prefix, i);
+    return ep_option_get(spec, key, fallback);
+}
+
+int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_status *st) {
+    *out = NULL;
+    if (spec->n_model_blobs < 2) return ep_fail(st, EP_ERR_MODEL, "artifact holds no ncnn model");
+    ep_engine *e = calloc(1, sizeof *e);
+    if (!e) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    e->spec = spec;
+    e->opt = ncnn_option_create();
+    ncnn_option_set_num_threads(e->opt, threads > 0 ? threads : 1);
+    ncnn_option_set_use_vulkan_compute(e->opt, 0);
+    if (strcmp(ep_option_get(spec, "ncnn.fp32", "0"), "1") == 0) {
+        ncnn_option_set_use_fp16_packed(e->opt, 0);
+        ncnn_option_set_use_fp16_storage(e->opt, 0);
+        ncnn_option_set_use_fp16_arithmetic(e->opt, 0);
+        ncnn_option_set_use_bf16_storage(e->opt, 0);
+        ncnn_option_set_use_bf16_packed(e->opt, 0);
+    }
+    e->net = ncnn_net_create();
+    ncnn_net_set_option(e->net, e->opt);
+    const ep_blob *param = &spec->model_blobs[0], *bin = &spec->model_blobs[1];
+    if (ncnn_net_load_param_memory(e->net, (const char *)param->data) != 0) {
+        ep_engine_close(e);
+        return ep_fail(st, EP_ERR_MODEL, "ncnn rejected the embedded .param (unknown layer type?)");
+    }
+    size_t used = ncnn_net_load_model_memory(e->net, bin->data);
+    if (used != ep_blob_size(bin)) {
+        ep_engine_close(e);
+        return ep_fail(st, EP_ERR_MODEL, "ncnn consumed %zu of %zu weight bytes: .param and .bin disagree", used,
+                       ep_blob_size(bin));
+    }
+    *out = e;
+    return EP_OK;
+}
+
+/* ONNX shape without the batch dim -> ncnn w/h/d/c. */
+static int to_ncnn_dims(const ep_io_spec *s, int batch_axis, int *w, int *h, int *d, int *c, int *dims) {
+    int64_t sh[EP_MAX_DIMS];
+    int n = 0;
+    for (int i = 0; i < s->ndim; i++)
+        if (!(batch_axis == 0 && i == 0)) sh[n++] = s->shape[i];
+    *w = *h = *d = *c = 1;
+    switch (n) {
+    case 0: *w = 1; break;
+    case 1: *w = (int)sh[0]; break;
+    case 2: *h = (int)sh[0]; *w = (int)sh[1]; break;
+    case 3: *c = (int)sh[0]; *h = (int)sh[1]; *w = (int)sh[2]; break;
+    case 4: *c = (int)sh[0]; *d = (int)sh[1]; *h = (int)sh[2]; *w = (int)sh[3]; break;
+    default: return 0;
+    }
+    *dims = n == 0 ? 1 : n;
+    return 1;
+}
+
+static int batch_axis_of(const ep_model_spec *spec, const char *prefix, int i) {
+    return strcmp(indexed(spec, prefix, i, "none"), "0") == 0 ? 0 : -1;
+}
+
+int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {
+    const ep_model_spec *spec = e->spec;
+    ncnn_extractor_t ex = ncnn_extractor_create(e->net);
+    int rc = EP_OK;
+    for (int i = 0; i < spec->n_inputs && !rc; i++) {
+        const ep_io_spec *s = &spec->inputs[i];
+        if (inputs[i].dtype != EP_F32) {
+            rc = ep_fail(st, EP_ERR_INPUT, "input %s: ncnn artifacts take float32", s->name);
+            break;
+        }
+        int w, h, d, c, dims;
+        if (!to_ncnn_dims(s, batch_axis_of(spec, "ncnn.in_batch", i), &w, &h, &d, &c, &dims)) {
+            rc = ep_fail(st, EP_ERR_MODEL, "input %s: rank too high for ncnn", s->name);
+            break;
+        }
+        ncnn_mat_t m = dims == 1 ? ncnn_mat_create_1d(w, NULL)
+                       : dims == 2 ? ncnn_mat_create_2d(w, h, NULL)
+                       : dims == 3 ? ncnn_mat_create_3d(w, h, c, NULL)
+                                   : ncnn_mat_create_4d(w, h, d, c, NULL);
+        const float *src = (const float *)inputs[i].data;
+        size_t plane = (size_t)w * h * d;
+        if (dims <= 2) {
+            memcpy(ncnn_mat_get_data(m), src, plane * sizeof(float));
+        } else {
+            for (int ch = 0; ch < c; ch++)
+                memcpy(ncnn_mat_get_channel_data(m, ch), src + (size_t)ch * plane, plane * sizeof(float));
+        }
+        if (ncnn_extractor_input(ex, indexed(spec, "ncnn.in", i, "in0"), m) != 0)
+            rc = ep_fail(st, EP_ERR_MODEL, "ncnn has no input blob %s", indexed(spec, "ncnn.in", i, "in0"));
+        ncnn_mat_destroy(m);
+    }
+    for (int i = 0; i < spec->n_outputs && !rc; i++) {
+        const ep_io_spec *s = &spec->outputs[i];
+        ncnn_mat_t m = NULL;
+        const char *blob = indexed(spec, "ncnn.out", i, "out0");
+        if (ncnn_extractor_extract(ex, blob, &m) != 0 || !m) {
+            rc = ep_fail(st, EP_ERR_MODEL, "ncnn failed to compute output %s (blob %s)", s->name, blob);
+            break;
+        }
+        int w = ncnn_mat_get_w(m), h = ncnn_mat_get_h(m), d = ncnn_mat_get_d(m), c = ncnn_mat_get_c(m);
+        int dims = ncnn_mat_get_dims(m);
+        size_t plane = (size_t)w * (dims >= 2 ? h : 1) * (dims >= 4 ? d : 1);
+        size_t chans = dims >= 3 ? (size_t)c : 1;
+        size_t want = outputs[i].nbytes / sizeof(float);
+        if (ncnn_mat_get_elemsize(m) != 4 || ncnn_mat_get_elempack(m) != 1) {
+            rc = ep_fail(st, EP_ERR_MODEL, "output %s: unexpected ncnn layout (elemsize %zu, pack %d)", s->name,
+                         ncnn_mat_get_elemsize(m), ncnn_mat_get_elempack(m));
+        } else if (plane * chans != want) {
+            rc = ep_fail(st, EP_ERR_MODEL, "output %s: ncnn produced %zu values, the model promises %zu", s->name,
+                         plane * chans, want);
+        } else if (outputs[i].dtype != EP_F32) {
+            rc = ep_fail(st, EP_ERR_MODEL, "output %s: ncnn artifacts produce float32", s->name);
+        } else {
+            float *dst = (float *)outputs[i].data;
+            if (dims <= 2) {
+                memcpy(dst, ncnn_mat_get_data(m), want * sizeof(float));
+            } else {
+                for (size_t ch = 0; ch < chans; ch++)
+                    memcpy(dst + ch * plane, ncnn_mat_get_channel_data(m, (int)ch), plane * sizeof(float));
+            }
+        }
+        ncnn_mat_destroy(m);
+    }
+    ncnn_extractor_destroy(ex);
+    return rc;
+}
+
+void ep_engine_close(ep_engine *e) {
+    if (!e) return;
+    if (e->net) ncnn_net_destroy(e->net);
+    if (e->opt) ncnn_option_destroy(e->opt);
+    free(e);
+}
