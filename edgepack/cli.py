@@ -153,6 +153,7 @@ def inspect(model, input_shapes, as_json):
 
 # Command groups kept in their own modules register themselves on `cli`.
 from . import cli_deploy  # noqa: E402,F401
+from . import cli_tvm  # noqa: E402,F401
 
 
 def main(argv=None):

@@ -1,0 +1,1 @@
+"""TVM commands (edgepack tune) register on the main group here."""
