@@ -1,0 +1,37 @@
+"""Shared fixtures: real artifacts built once per test session (cached libncnn makes them fast)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def edgepack_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "edgepack", *args]
+
+
+def run_edgepack(*args: str, cwd: Path | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
+    return subprocess.run(edgepack_cmd(*args), capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tiny_cnn(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "tiny_cnn.onnx"
+    subprocess.run([sys.executable, str(EXAMPLES / "make_tiny_cnn.py"), str(out)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tiny_cnn, tmp_path_factory) -> dict[str, Path]:
+    """The example CNN built with the NCNN backend for x86_64 and arm64 (verified by the build)."""
+    dist = tmp_path_factory.mktemp("dist")
+    proc = run_edgepack("build", str(tiny_cnn), "--target", "x86_64,arm64", "--backend", "ncnn",
+                        "--out", str(dist), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {t: dist / f"tiny_cnn-{t}" for t in ("x86_64", "arm64")}

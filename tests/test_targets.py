@@ -1,0 +1,96 @@
+import json
+
+import pytest
+
+from edgepack.errors import TargetError
+from edgepack.targets import TargetMatrix, parse_target
+from edgepack.triple import parse_triple
+from pathlib import Path
+
+from conftest import run_edgepack
+
+
+@pytest.mark.parametrize("text,arch,abi,glibc", [
+    ("aarch64-linux-musl", "aarch64", "musl", None),
+    ("aarch64-linux-gnu.2.31", "aarch64", "gnu", "2.31"),
+    ("x86_64-linux-musl", "x86_64", "musl", None),
+    ("arm-linux-musleabihf", "arm", "musleabihf", None),
+])
+def test_parse_triple_valid(text, arch, abi, glibc):
+    t = parse_triple(text)
+    assert (t.arch, t.abi, t.glibc) == (arch, abi, glibc)
+    assert t.zig == text
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("aarch64-linux-musl.2.31", "gnu ABI"),
+    ("riscv64-linux-musl", "unknown architecture"),
+    ("aarch64-windows-gnu", "unsupported OS"),
+    ("aarch64-linux-gnueabihf", "does not fit"),
+    ("aarch64-linux-gnu.1.5", "out of range"),
+    ("aarch64 linux musl", "invalid target string"),
+    ("aarch64-linux-gnu.2", "invalid target string"),
+])
+def test_parse_triple_invalid(text, needle):
+    with pytest.raises(TargetError) as e:
+        parse_triple(text)
+    assert needle in str(e.value)
+
+
+def test_builtin_matrix_has_required_targets():
+    m = TargetMatrix.load()
+    for name in ("x86_64", "arm64", "jetson-orin", "jetson-xavier", "android-arm64"):
+        assert name in m.names()
+    assert m.get("jetson").name == "jetson-orin"
+    android = m.get("android-arm64")
+    assert android.link == "static-pie" and android.page_size == 16384
+    assert m.get("jetson-orin").cpu == "cortex_a78ae"
+    assert m.get("jetson-xavier").cpu == "carmel"
+
+
+def test_resolve_comma_repeat_and_all():
+    m = TargetMatrix.load()
+    got = [t.name for t in m.resolve(["x86_64,arm64", "jetson", "arm64"])]
+    assert got == ["x86_64", "arm64", "jetson-orin"]
+    assert len(m.resolve([], all_targets=True)) == len(m.names())
+
+
+def test_unknown_target_suggests_nearest():
+    with pytest.raises(TargetError) as e:
+        TargetMatrix.load().get("jetson-orn")
+    assert "jetson-orin" in e.value.hint
+
+
+@pytest.mark.parametrize("data,needle", [
+    ({"name": "x", "triple": "aarch64-linux-musl"}, "qemu_cpu is required"),
+    ({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "max", "cpu": "cortex-a72"}, "underscores"),
+    ({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "max", "page_size": 1000}, "power of two"),
+    ({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "max", "link": "dynamic"}, "glibc"),
+    ({"name": "x", "triple": "aarch64-linux-gnu.2.31", "qemu_cpu": "max"}, "link = \"dynamic\""),
+    ({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "max", "cpus": "a"}, "did you mean 'cpu'"),
+    ({"triple": "aarch64-linux-musl"}, "missing key 'name'"),
+])
+def test_target_validation_errors(data, needle):
+    with pytest.raises(TargetError) as e:
+        parse_target(data, Path("t.toml"))
+    assert needle in str(e.value)
+
+
+def test_user_target_folder(tmp_path):
+    (tmp_path / "rpi4.toml").write_text(
+        'name = "rpi4"\ntriple = "aarch64-linux-musl"\ncpu = "cortex_a72"\nqemu_cpu = "cortex-a72"\n'
+        'aliases = ["raspberrypi4"]\n')
+    m = TargetMatrix.load([tmp_path])
+    assert m.get("raspberrypi4").cpu == "cortex_a72"
+    proc = run_edgepack("targets", "--json", "--targets-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    names = [t["name"] for t in json.loads(proc.stdout)]
+    assert "rpi4" in names and "jetson-orin" in names
+
+
+def test_invalid_user_target_file_is_one_clear_line(tmp_path):
+    (tmp_path / "bad.toml").write_text('name = "bad"\ntriple = "aarch64-linux-musl"\nqemu_cpu = "max"\nlink = "weird"\n')
+    proc = run_edgepack("targets", "--targets-dir", str(tmp_path))
+    assert proc.returncode == 3
+    assert "bad.toml" in proc.stderr and "link must be one of" in proc.stderr
+    assert "Traceback" not in proc.stderr
