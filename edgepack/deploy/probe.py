@@ -1,0 +1,143 @@
+"""Facts about a device, gathered with one shell command, and the check that the artifact fits it."""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from ..errors import DeployError
+from .artifact import ArtifactInfo
+from .connector import Connector
+from .device import Device
+
+DEFAULT_DEST = "~/edgepack"
+_ARCH_ALIASES = {"amd64": "x86_64", "x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
+                 "armv7l": "arm", "armv8l": "arm", "armv7": "arm", "armhf": "arm"}
+# e_machine in the last 4 hex digits of an ELF binfmt_misc magic (little endian): which arch it runs
+_BINFMT_MACHINES = {"3e00": "x86_64", "b700": "aarch64", "2800": "arm"}
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    uname: str                       # `uname -m` as the device says it
+    arch: str                        # normalised: x86_64 | aarch64 | arm | other
+    glibc: str | None                # "2.31"; None on musl/busybox systems
+    emulates: tuple[str, ...]        # arches the device runs through binfmt_misc (qemu-user)
+    home: str
+    dest: str                        # absolute install folder on the device
+    free_bytes: int | None           # at dest (or its nearest existing parent)
+    current: str | None              # target of DEST/current, e.g. "releases/3f2a..."
+    previous: str | None
+    files: tuple[tuple[str, str], ...]   # (name, sha256) of the files in DEST/current
+    releases: tuple[str, ...] = ()       # folder names under DEST/releases
+
+    def runs(self, arch: str) -> bool:
+        return arch == self.arch or arch in self.emulates
+
+    def arch_label(self) -> str:
+        extra = [a for a in self.emulates if a != self.arch]
+        return self.uname + (f" (+{','.join(extra)} via binfmt)" if extra else "")
+
+    def current_sha(self, name: str | None = None) -> str | None:
+        for fname, sha in self.files:
+            if fname != "release.json" and (name is None or fname == name):
+                return sha
+        return None
+
+
+def dest_for(device: Device, dest: str | None) -> str:
+    return dest or device.dest or DEFAULT_DEST
+
+
+def shell_path(path: str) -> str:
+    """A shell word for ``path``: quoted, with a leading ~ (or a relative path) anchored at $HOME."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    if not path.startswith("/"):
+        return '"$HOME"/' + shlex.quote(path)
+    return shlex.quote(path)
+
+
+def probe_script(dest: str) -> str:
+    return f"""D={shell_path(dest)}
+echo "@arch $(uname -m)"
+echo "@glibc $( {{ getconf GNU_LIBC_VERSION || ldd --version; }} 2>&1 | head -n 1)"
+echo "@home $HOME"
+echo "@dest $D"
+for f in /proc/sys/fs/binfmt_misc/*; do
+  case "$f" in */register|*/status) continue;; esac
+  if [ -r "$f" ] && head -n 1 "$f" | grep -q enabled; then echo "@binfmt $(grep '^magic' "$f")"; fi
+done 2>/dev/null
+d="$D"; n=0
+while [ ! -d "$d" ] && [ "$n" -lt 64 ]; do d=$(dirname "$d"); n=$((n + 1)); done
+echo "@df $(df -Pk "$d" 2>/dev/null | tail -n 1)"
+echo "@current $(readlink "$D/current" 2>/dev/null)"
+echo "@previous $(readlink "$D/previous" 2>/dev/null)"
+for r in "$D"/releases/*/; do [ -d "$r" ] && echo "@release $(basename "$r")"; done 2>/dev/null
+if [ -d "$D/current/" ]; then (cd "$D/current/" && sha256sum -- * 2>/dev/null) | sed 's/^/@file /'; fi
+true
+"""
+
+
+def parse_probe(text: str) -> DeviceFacts:
+    vals: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("@"):
+            key, _, rest = line[1:].partition(" ")
+            vals.setdefault(key, []).append(rest.strip())
+    one = lambda k: (vals.get(k) or [""])[0]  # noqa: E731
+    uname = one("arch")
+    m = re.search(r"(?:glibc|GLIBC)[^0-9]*(\d+\.\d+)", one("glibc")) or \
+        re.search(r"^ldd .* (\d+\.\d+)$", one("glibc"))
+    emulates = []
+    for magic in vals.get("binfmt", []):
+        hexmagic = magic.split()[-1] if magic.split() else ""
+        arch = _BINFMT_MACHINES.get(hexmagic[-4:]) if hexmagic.startswith("7f454c46") else None
+        if arch and arch not in emulates:
+            emulates.append(arch)
+    df = one("df").split()
+    free = int(df[-3]) * 1024 if len(df) >= 6 and df[-3].isdigit() else None
+    files = []
+    for f in vals.get("file", []):
+        sha, _, name = f.partition("  ")
+        if re.fullmatch(r"[0-9a-f]{64}", sha):
+            files.append((name, sha))
+    return DeviceFacts(uname=uname, arch=_ARCH_ALIASES.get(uname, uname), glibc=m.group(1) if m else None,
+                       emulates=tuple(emulates), home=one("home"), dest=one("dest"), free_bytes=free,
+                       current=one("current") or None, previous=one("previous") or None, files=tuple(files),
+                       releases=tuple(vals.get("release", [])))
+
+
+def probe(conn: Connector, device: Device, dest: str, timeout: float = 60) -> DeviceFacts:
+    res = conn.run(probe_script(dest), timeout)
+    facts = parse_probe(res.stdout)
+    if not facts.uname or not facts.dest:
+        raise DeployError(f"{device.name}: the device's shell did not answer the probe (exit {res.rc}): "
+                          f"{res.output[-300:]}", hint="edgepack needs a POSIX shell with uname, df and sha256sum")
+    return facts
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def check_fits(device: Device, artifact: ArtifactInfo, facts: DeviceFacts) -> None:
+    """Refuse, before any upload, an artifact the device cannot run."""
+    if not facts.runs(artifact.arch):
+        raise DeployError(
+            f"{device.name} is {facts.uname}, but {artifact.name} is built for {artifact.arch} "
+            f"(target {artifact.target}): wrong architecture, nothing was uploaded",
+            hint=f"deploy the artifact built for this device's architecture ({facts.arch}), "
+                 f"e.g. dist/{artifact.model}-<target for {facts.arch}>")
+    if artifact.link == "dynamic" and artifact.glibc:
+        if facts.glibc is None:
+            raise DeployError(f"{device.name} has no glibc, but {artifact.name} links glibc "
+                              f">= {artifact.glibc} dynamically; nothing was uploaded",
+                              hint="build for a static musl target instead (e.g. arm64 or jetson-orin)")
+        if _version(facts.glibc) < _version(artifact.glibc):
+            raise DeployError(f"{device.name} has glibc {facts.glibc}, but {artifact.name} needs glibc >= "
+                              f"{artifact.glibc} (target {artifact.target}); nothing was uploaded",
+                              hint=f"build with a gnu.{facts.glibc} baseline or a static musl target "
+                                   "(e.g. jetson-orin)")

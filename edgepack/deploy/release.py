@@ -1,0 +1,98 @@
+"""The on-device layout, and the only ways edgepack changes it.
+
+    DEST/releases/<sha16>/<artifact>      one folder per version, never modified once in place
+    DEST/releases/<sha16>/release.json    what it is (artifact name, sha256, target, time)
+    DEST/current  -> releases/<sha16>     what runs; replaced atomically by rename(2)
+    DEST/previous -> releases/<sha16>     what `rollback` and a failed selftest go back to
+
+A new version is uploaded into DEST/releases/.incoming-<random>/, verified by sha256 on the device and
+only then renamed to releases/<sha16>: a cut connection or a full disk leaves an .incoming folder
+(removed by the next deploy) but never a half-written release, and never touches `current`.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+
+from ..errors import DeployError
+from .artifact import ArtifactInfo
+from .connector import Connector, Progress
+
+RELEASES = "releases"
+
+
+@dataclass(frozen=True)
+class Links:
+    current: str | None      # "releases/<sha16>" or None
+    previous: str | None
+
+
+def release_dir(artifact: ArtifactInfo) -> str:
+    return f"{RELEASES}/{artifact.short}"
+
+
+def set_link(conn: Connector, dest: str, name: str, target: str | None, timeout: float = 60) -> None:
+    """Point DEST/<name> at ``target`` atomically (a fresh link renamed over the old one), or remove it."""
+    link = f"{dest}/{name}"
+    if target is None:
+        res = conn.run(f"rm -f -- {shlex.quote(link)}", timeout)
+        if res.rc != 0:
+            raise DeployError(f"cannot remove {link}: {res.output}")
+        return
+    tmp = f"{dest}/.{name}.{secrets.token_hex(4)}"
+    conn.symlink(target, tmp)
+    conn.rename(tmp, link)
+
+
+def switch(conn: Connector, dest: str, new: Links) -> None:
+    """previous first, then current: if we stop in between, both point at working versions."""
+    set_link(conn, dest, "previous", new.previous)
+    set_link(conn, dest, "current", new.current)
+
+
+def upload(conn: Connector, artifact: ArtifactInfo, dest: str, progress: Progress | None,
+           timeout: float = 120) -> str:
+    """Upload, verify on the device, and move into releases/<sha16>. Returns that relative path."""
+    rel = release_dir(artifact)
+    incoming = f"{dest}/{RELEASES}/.incoming-{secrets.token_hex(6)}"
+    q = shlex.quote
+    res = conn.run(f"mkdir -p -- {q(dest + '/' + RELEASES)} && mkdir -- {q(incoming)}", timeout)
+    if res.rc != 0:
+        raise DeployError(f"cannot create {dest}/{RELEASES} on the device: {res.output}",
+                          hint="pick a writable --dest (or `dest` in the inventory)")
+    remote = f"{incoming}/{artifact.name}"
+    try:
+        conn.put(artifact.path, remote, progress)
+        conn.write_bytes(json.dumps({"artifact": artifact.name, "sha256": artifact.sha256,
+                                     "target": artifact.target, "model": artifact.model,
+                                     "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode() + b"\n",
+                         f"{incoming}/release.json")
+        conn.chmod(remote, 0o755)
+    except OSError as exc:
+        conn.run(f"rm -rf -- {q(incoming)}", timeout)
+        raise DeployError(f"upload to {dest} failed: {exc.strerror or exc or 'SFTP failure'}") from None
+    # The device computes the hash itself (what runs is exactly what we built); verify and move in one
+    # round trip: only a verified upload becomes releases/<sha16>.
+    final = f"{dest}/{rel}"
+    res = conn.run(f"h=$(sha256sum -- {q(remote)} | cut -c1-64)\n"
+                   f"if [ \"$h\" = {q(artifact.sha256)} ]; then rm -rf -- {q(final)} && mv -- {q(incoming)} {q(final)}"
+                   f" && echo VERIFIED; else echo \"MISMATCH $h\"; rm -rf -- {q(incoming)}; fi", timeout)
+    if "VERIFIED" not in res.stdout:
+        got = res.stdout.split()[1] if res.stdout.startswith("MISMATCH") and len(res.stdout.split()) > 1 else None
+        if got:
+            raise DeployError(f"upload corrupted: sha256 on the device is {got[:16]}…, expected "
+                              f"{artifact.short}…; the upload was discarded")
+        raise DeployError(f"cannot verify/move the upload into {final}: {res.output or 'no sha256sum?'}")
+    return rel
+
+
+def prune(conn: Connector, dest: str, keep: Links, timeout: float = 120) -> None:
+    """Remove releases other than current and previous, and leftover .incoming folders."""
+    names = [link.split("/", 1)[1] for link in (keep.current, keep.previous) if link and "/" in link]
+    pattern = "|".join(shlex.quote(n) for n in names) or "''"
+    conn.run(f"cd -- {shlex.quote(dest + '/' + RELEASES)} 2>/dev/null || exit 0\n"
+             f"for r in * .incoming-*; do case \"$r\" in {pattern}|'*'|'.incoming-*') ;; "
+             f"*) rm -rf -- \"$r\";; esac; done", timeout)
