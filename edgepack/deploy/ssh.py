@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import socket
 import threading
@@ -22,6 +23,9 @@ from .connector import (CommandTimeout, ConnectionLost, Connector, HostKeyRefuse
 from .device import Device
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# paramiko logs transport-thread failures (with tracebacks) through `logging`; without a handler Python
+# would print them on stderr. The errors reach the user as one line per device instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 # accept-new appends to known_hosts from several worker threads: one writer at a time.
 _KNOWN_HOSTS_LOCK = threading.Lock()
 
@@ -86,10 +90,20 @@ def connect(device: Device, opts: SSHOptions) -> "SSHConnector":
     client.set_missing_host_key_policy(_UnknownHostKey(known_hosts, opts.accept_new_host_key, device))
     user = device.user or _local_user()
     t = opts.connect_timeout
+    try:  # our own TCP connect: refused / no route / timeout each get a plain message
+        sock = socket.create_connection((device.host, device.port or 22), timeout=t)
+    except (socket.timeout, TimeoutError):
+        client.close()
+        raise Unreachable(f"{device.name}: {device.address} timed out after {t:g} s (no TCP answer)",
+                          hint="check the address and that the device is powered and on the network") from None
+    except OSError as exc:
+        client.close()
+        raise Unreachable(f"{device.name}: cannot reach {device.address}: {_reason(exc)}",
+                          hint="check the address, the port and that sshd runs on the device") from None
     try:
         client.connect(device.host, port=device.port or 22, username=user, key_filename=list(device.keys) or None,
                        allow_agent=True, look_for_keys=not device.keys, timeout=t, banner_timeout=t,
-                       auth_timeout=t, channel_timeout=t, password=None)
+                       auth_timeout=t, channel_timeout=t, password=None, sock=sock)
     except HostKeyRefused:
         client.close()
         raise
@@ -107,13 +121,16 @@ def connect(device: Device, opts: SSHOptions) -> "SSHConnector":
         raise DeployError(f"{device.name}: {user}@{device.host} refused {how}",
                           hint=f"install the public key on the device (ssh-copy-id -p {device.port or 22} "
                                f"{user}@{device.host}) or set `key` in the inventory") from None
-    except (socket.timeout, TimeoutError) as exc:
-        client.close()
-        raise Unreachable(f"{device.name}: {device.address} timed out after {t:.0f} s ({exc or 'no answer'})",
-                          hint="check the address and that the device is powered and on the network") from None
     except (OSError, EOFError, paramiko.SSHException) as exc:
         client.close()
-        raise Unreachable(f"{device.name}: cannot reach {device.address}: {_reason(exc)}",
+        sock.close()
+        text = str(exc)
+        if isinstance(exc, (socket.timeout, TimeoutError)) or "banner" in text or "No existing session" in text:
+            # paramiko's transport thread died waiting for the server's greeting
+            raise Unreachable(f"{device.name}: {device.address} accepted TCP but sent no SSH greeting within "
+                              f"{t:g} s (timed out)", hint="is sshd running on that port, and is the device "
+                              "overloaded? raise --connect-timeout for slow links") from None
+        raise Unreachable(f"{device.name}: SSH with {device.address} failed: {_reason(exc)}",
                           hint="check the address, the port and that sshd runs on the device") from None
     transport = client.get_transport()
     transport.set_keepalive(5)  # notice a dead peer instead of hanging on it

@@ -154,8 +154,9 @@ class Device:
                 env.update(LAB_CHROOT_TMPFS_DIR="/opt/small", LAB_TMPFS_SIZE=self.tmpfs_size)
         env.update(self.env)
         last = ""
-        for _attempt in range(5):  # a port taken between free_port() and sshd's bind: pick another
-            self.port = free_port(self.addr)
+        for attempt in range(5):  # a port taken between free_port() and sshd's bind: pick another
+            # a restarted device keeps its port when it can, so known_hosts still names it
+            self.port = self.port if (self.port and attempt == 0) else free_port(self.addr)
             env["LAB_CONFIG"] = str(self._config())
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
