@@ -45,8 +45,8 @@ def open_connector(device: Device, opts: Options) -> Connector:
 class _Run:
     """Collects what one device's operation learnt, so an error still yields a full result row."""
 
-    def __init__(self, device: Device, target: str | None = None):
-        self.device, self.target, self.t0 = device, target, time.monotonic()
+    def __init__(self, device: Device, target: str | None = None, command: str = "deploy"):
+        self.device, self.target, self.command, self.t0 = device, target, command, time.monotonic()
         self.facts: DeviceFacts | None = None
 
     def result(self, status: str, message: str = "", **kw) -> DeviceResult:
@@ -55,7 +55,7 @@ class _Run:
                     free_bytes=f.free_bytes if f else None, dest=f.dest if f else None)
         base.update(kw)
         return DeviceResult(device=self.device.name, address=self.device.address, status=status,
-                            seconds=time.monotonic() - self.t0, message=message, **base)
+                            seconds=time.monotonic() - self.t0, message=message, command=self.command, **base)
 
     def error(self, exc: BaseException, debug: bool) -> DeviceResult:
         if isinstance(exc, Unreachable):
@@ -144,7 +144,7 @@ def _install(conn: Connector, artifact: ArtifactInfo, facts: DeviceFacts, progre
 
 
 def check_one(device: Device, opts: Options) -> DeviceResult:
-    run = _Run(device, device.target)
+    run = _Run(device, device.target, "check")
     try:
         with open_connector(device, opts) as conn:
             run.facts = facts = probe(conn, device, dest_for(device, opts.dest))
@@ -155,7 +155,7 @@ def check_one(device: Device, opts: Options) -> DeviceResult:
 
 
 def smoke_one(device: Device, opts: Options, bench: bool = False) -> DeviceResult:
-    run = _Run(device, device.target)
+    run = _Run(device, device.target, "smoke")
     try:
         with open_connector(device, opts) as conn:
             run.facts = facts = probe(conn, device, dest_for(device, opts.dest))
@@ -176,7 +176,7 @@ def smoke_one(device: Device, opts: Options, bench: bool = False) -> DeviceResul
 
 
 def rollback_one(device: Device, opts: Options) -> DeviceResult:
-    run = _Run(device, device.target)
+    run = _Run(device, device.target, "rollback")
     try:
         with open_connector(device, opts) as conn:
             run.facts = facts = probe(conn, device, dest_for(device, opts.dest))

@@ -30,10 +30,12 @@ class DeviceResult:
     glibc: str | None = None
     free_bytes: int | None = None
     bench: dict | None = None
+    command: str = "deploy"
 
     @property
     def ok(self) -> bool:
-        return self.status in SUCCESS
+        # for `edgepack rollback`, rolling back is the success; for deploy it means the new version failed
+        return self.status in SUCCESS or (self.command == "rollback" and self.status == ROLLED_BACK)
 
     def to_json(self) -> dict:
         d = asdict(self)

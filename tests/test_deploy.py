@@ -1,0 +1,150 @@
+"""End to end: `edgepack deploy` of real artifacts to real sshd devices (x86_64, arm64 via binfmt+qemu,
+and a Jetson-like arm64 glibc-2.31 chroot), plus layout, rollback, parallelism and CLI behaviour."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from lab.fixtures import by_device, edgepack, edgepack_json, lab  # noqa: F401 (lab is a fixture)
+from lab.standin import make_standin
+
+from edgepack.deploy.artifact import inspect_artifact
+
+
+def test_real_artifacts_deploy_and_smoke_on_all_device_kinds(lab, tiny_artifacts):
+    lab.add("pc", "x86_64")
+    lab.add("pi", "arm64")
+    lab.add("orin", "jetson")
+    inv = lab.write_inventory()
+    x86, arm = tiny_artifacts["x86_64"], tiny_artifacts["arm64"]
+
+    rc, data, err = edgepack_json("deploy", x86, "-i", inv, "--tag", "x86_64")
+    assert rc == 0, err
+    assert by_device(data)["pc"]["status"] == "deployed"
+    rc, data, err = edgepack_json("deploy", arm, "-i", inv, "--tag", "arm64", "--tag", "jetson", "-j", "2")
+    assert rc == 0, err
+    res = by_device(data)
+    for name in ("pi", "orin"):
+        assert res[name]["status"] == "deployed", res[name]
+        assert res[name]["latency_ms"] is not None and res[name]["latency_ms"] > 0
+        assert res[name]["sha256"] == inspect_artifact(arm).sha256
+    assert res["orin"]["arch"] == "aarch64" and res["orin"]["glibc"] == "2.31"
+    assert "aarch64 via binfmt" in res["pi"]["arch"]
+
+    # compare before acting: the same artifact again changes nothing and runs nothing
+    rc, data, _ = edgepack_json("deploy", arm, "-i", inv, "-d", "pi,orin")
+    assert rc == 0 and {r["status"] for r in data["results"]} == {"no change"}
+
+    rc, data, err = edgepack_json("smoke", "-i", inv, "-d", "pc,pi,orin", "--bench", "-j", "3")
+    assert rc == 0, err
+    for r in data["results"]:
+        assert r["status"] == "pass" and r["latency_ms"] > 0
+        assert r["bench"] and r["bench"]["median_ms"] > 0, r
+
+
+def test_versioned_layout_rollback_and_roll_forward(lab, tmp_path):
+    dev = lab.add("x1", "x86_64")
+    inv = lab.write_inventory()
+    v1, v2, v3 = (make_standin(tmp_path / f"v{i}", version=str(i)) for i in (1, 2, 3))
+    s1, s2, s3 = (inspect_artifact(v).short for v in (v1, v2, v3))
+    root = dev.home / "edgepack"
+    for v in (v1, v2):
+        assert edgepack("deploy", v, "-i", inv, "-d", "x1").returncode == 0
+    assert os.readlink(root / "current") == f"releases/{s2}" and os.readlink(root / "previous") == f"releases/{s1}"
+    assert (root / "releases" / s2 / v2.name).read_bytes() == v2.read_bytes()
+    assert os.access(root / "current" / v2.name, os.X_OK)
+    assert edgepack("deploy", v3, "-i", inv, "-d", "x1").returncode == 0
+    # only current and previous are kept
+    assert sorted(p.name for p in (root / "releases").iterdir()) == sorted([s2, s3])
+
+    p = edgepack("rollback", "-i", inv, "-d", "x1")
+    assert p.returncode == 0, p.stderr
+    assert "ROLLED BACK" in p.stdout
+    assert os.readlink(root / "current") == f"releases/{s2}" and os.readlink(root / "previous") == f"releases/{s3}"
+    assert edgepack("rollback", "-i", inv, "-d", "x1").returncode == 0  # again: forward
+    assert os.readlink(root / "current") == f"releases/{s3}"
+    # deploying a version that is still in releases/ re-uses it (no upload) and keeps the pair
+    rc, data, _ = edgepack_json("deploy", v2, "-i", inv, "-d", "x1")
+    assert rc == 0 and by_device(data)["x1"]["status"] == "deployed"
+    assert os.readlink(root / "current") == f"releases/{s2}" and os.readlink(root / "previous") == f"releases/{s3}"
+
+
+def test_rollback_without_previous_fails_clearly(lab, tmp_path):
+    lab.add("x1", "x86_64")
+    inv = lab.write_inventory()
+    assert edgepack("deploy", make_standin(tmp_path / "v1"), "-i", inv, "-d", "x1").returncode == 0
+    rc, data, err = edgepack_json("rollback", "-i", inv, "-d", "x1")
+    assert rc == 9 and "no previous version" in by_device(data)["x1"]["message"]
+
+
+def test_eight_devices_in_parallel(lab, tmp_path):
+    for i in range(8):
+        lab.add(f"d{i}", "x86_64" if i % 2 else "arm64")
+    inv = lab.write_inventory()
+    art = make_standin(tmp_path / "v1")
+    t0 = time.monotonic()
+    rc, data, err = edgepack_json("deploy", art, "-i", inv, "--tag", "x86_64", "--tag", "arm64", "-j", "8")
+    assert rc == 0, err
+    assert [r["status"] for r in data["results"]] == ["deployed"] * 8
+    assert time.monotonic() - t0 < 60
+
+
+def test_devices_check_reports_arch_glibc_and_space(lab):
+    lab.add("pc", "x86_64")
+    lab.add("pi", "arm64")
+    lab.add("orin", "jetson")
+    inv = lab.write_inventory()
+    rc, data, err = edgepack_json("devices", "check", "-i", inv, "-d", "pc,pi,orin", "-j", "3")
+    assert rc == 0, err
+    r = by_device(data)
+    assert r["pc"]["arch"] == "x86_64"  # the lab gives each device a private, empty binfmt_misc
+    assert r["pi"]["arch"].startswith("x86_64 (+aarch64 via binfmt)")
+    assert r["orin"]["arch"] == "aarch64" and r["orin"]["glibc"] == "2.31"
+    assert all(x["free_bytes"] and x["free_bytes"] > 0 for x in data["results"])
+    p = edgepack("devices", "check", "-i", inv, "-d", "orin")
+    assert p.returncode == 0 and "2.31" in p.stdout and "nothing installed" in p.stdout
+
+
+def test_ssh_config_alias_and_key_from_config(lab, tmp_path):
+    dev = lab.add("x1", "x86_64")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host edge-box\n  HostName {dev.addr}\n  Port {dev.port}\n  User root\n"
+                   f"  IdentityFile {lab.client_key}\n")
+    rc, data, err = edgepack_json("deploy", make_standin(tmp_path / "v1"), "-d", "edge-box", "--ssh-config", cfg,
+                                  "--known-hosts", lab.known_hosts)
+    assert rc == 0, err
+    assert by_device(data)["edge-box"]["address"] == f"root@{dev.addr}:{dev.port}"
+    assert (dev.home / "edgepack" / "current").exists()
+
+
+def test_remote_paths_are_quoted(lab, tmp_path):
+    dev = lab.add("x1", "x86_64")
+    inv = lab.write_inventory()
+    odd = "~/odd dir/$(touch pwned);x'y"
+    rc, data, err = edgepack_json("deploy", make_standin(tmp_path / "v1"), "-i", inv, "-d", "x1", "--dest", odd)
+    assert rc == 0, err
+    assert (dev.home / "odd dir" / "$(touch pwned);x'y" / "current").exists()
+    assert not any(p.name == "pwned" for p in dev.home.rglob("*"))
+
+
+def test_local_device(tmp_path):
+    dest = tmp_path / "installed"
+    rc, data, err = edgepack_json("deploy", make_standin(tmp_path / "v1"), "-d", "local", "--dest", dest)
+    assert rc == 0, err
+    assert by_device(data)["local"]["status"] == "deployed"
+    assert (dest / "current").is_symlink()
+
+
+@pytest.mark.parametrize("args,code,msg", [
+    (["deploy", "ART"], 2, "no device selected"),
+    (["deploy", "ART", "-i", "NOPE.toml", "-d", "x"], 2, "inventory NOPE.toml does not exist"),
+    (["deploy", "missing-artifact", "-d", "local"], 11, "missing-artifact does not exist"),
+    (["deploy", "ART", "-d", "bad host"], 2, "invalid device 'bad host'"),
+])
+def test_bad_input_one_line_error(tmp_path, args, code, msg):
+    art = make_standin(tmp_path / "v1")
+    p = edgepack(*[str(art) if a == "ART" else a for a in args])
+    assert p.returncode == code, p.stderr
+    assert p.stderr.startswith("error: ") and msg in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "hint:" in p.stderr
