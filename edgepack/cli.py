@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
@@ -63,14 +64,15 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
                         verify=not no_verify, simplify=not no_simplify)
 
     def log(msg):
-        err_console.print(f"[dim]{msg}[/dim]")
+        err_console.print(f"[dim]{escape(msg)}[/dim]")
 
     def on_result(res):
         if res.ok:
-            err_console.print(f"[green]✓[/green] {res.target}: {res.path} ({res.size / 1e6:.2f} MB, "
-                              f"{res.backend}, max err {res.max_abs_err if res.max_abs_err is not None else '-'})")
+            err = f"{res.max_abs_err:.2e}" if res.max_abs_err is not None else "not verified"
+            err_console.print(f"[green]✓[/green] {escape(res.target)}: {escape(str(res.path))} "
+                              f"({res.size / 1e6:.2f} MB, {res.backend}, max error {err})")
         else:
-            err_console.print(f"[red]✗[/red] {res.target}: {res.error}")
+            err_console.print(f"[red]✗[/red] {escape(res.target)}: {escape(res.error or '')}")
 
     results = run_build(model, targets, opts, log=log, on_result=on_result)
     if as_json:
@@ -84,7 +86,7 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
             err = f"{r.max_abs_err:.2e} ≤ {r.bound:.1e}" if r.max_abs_err is not None else "-"
             table.add_row(r.target, r.backend or "-", str(r.path) if r.path else "-",
                           f"{r.size / 1e6:.2f} MB" if r.size else "-", err,
-                          "[green]PASS[/green]" if r.ok else f"[red]FAIL[/red] {r.error}")
+                          "[green]PASS[/green]" if r.ok else f"[red]FAIL[/red] {escape(r.error or '')}")
         out_console.print(table)
     failed = [r for r in results if not r.ok]
     if failed:
@@ -163,9 +165,9 @@ def main(argv=None):
     except EdgepackError as exc:
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
+        err_console.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
         if exc.hint:
-            err_console.print(f"[yellow]hint:[/yellow] {exc.hint}", soft_wrap=True)
+            err_console.print(f"[yellow]hint:[/yellow] {escape(exc.hint)}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         err_console.print("aborted")

@@ -34,7 +34,9 @@ class NcnnBackend:
         converted = convert(req.model, req.precision, log=req.log)
         lib = build_library(req.target, req.toolchain, log=req.log)
         layer_obj, kept = pruned_layer_object(lib, set(converted.layer_types), log=req.log)
-        fp16_math = req.precision == "fp16" and req.target.fp16_arithmetic
+        # ncnn turns fp16 arithmetic on by itself on any Arm CPU that has it, so a generic arm64
+        # artifact may meet it on the device (an arm64 build copied to an Orin): budget for it.
+        fp16_math = req.precision == "fp16" and (req.target.fp16_arithmetic or req.target.arch == "aarch64")
         tol = TOLERANCES["fp16-arith" if fp16_math else req.precision]
         options = {"ncnn.fp32": "1" if req.precision == "fp32" else "0"}
         for i, (blob, b) in enumerate(zip(converted.input_blobs, converted.input_batch)):
@@ -51,7 +53,7 @@ class NcnnBackend:
             model_blobs=(converted.param, converted.bin),
             options=options,
             tolerance=tol,
-            manifest={"pnnx": PNNX_VERSION, "converted_sha256": converted.key, "layers": list(converted.layer_types),
+            manifest={"pnnx": PNNX_VERSION, "conversion_cache_key": converted.key, "layers": list(converted.layer_types),
                       "linked_layers": kept, "library": lib.manifest(), "fp16_arithmetic": fp16_math,
                       "conversion_check_max_abs_err": converted.check_error},
             weight_bytes=converted.bin.stat().st_size,
