@@ -49,9 +49,12 @@ def _target_dirs(dirs):
               help="Extra folder of target .toml files.")
 @click.option("--no-verify", is_flag=True, help="Skip running the artifact against onnxruntime.")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
+@click.option("--preprocess", default=None, metavar="SPEC",
+              help="Bake input pre-processing into the graph, e.g. image:size=224x224,layout=nhwc,dtype=uint8,...")
+@click.option("--postprocess", default=None, metavar="SPEC", help="Bake output post-processing, e.g. softmax,topk=5")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes, targets_dir, no_verify,
-          no_simplify, as_json):
+          no_simplify, preprocess, postprocess, as_json):
     """Build MODEL (.onnx) into one executable per target."""
     from .model import parse_shape_args
     from .pipeline import BuildOptions, build as run_build
@@ -61,7 +64,8 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
     targets = matrix.resolve(list(target_specs), all_targets)
     opts = BuildOptions(backend=backend, precision="fp16" if fp16 else "fp32",
                         input_shapes=parse_shape_args(list(input_shapes)), out_dir=out_dir,
-                        verify=not no_verify, simplify=not no_simplify)
+                        verify=not no_verify, simplify=not no_simplify, preprocess=preprocess,
+                        postprocess=postprocess)
 
     def log(msg):
         err_console.print(f"[dim]{escape(msg)}[/dim]")
@@ -156,6 +160,7 @@ def inspect(model, input_shapes, as_json):
 # Command groups kept in their own modules register themselves on `cli`.
 from . import cli_deploy  # noqa: E402,F401
 from . import cli_tvm  # noqa: E402,F401
+from . import cli_serve  # noqa: E402,F401
 
 
 def main(argv=None):

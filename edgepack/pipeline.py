@@ -22,6 +22,7 @@ from .bundle import BundleRequest, Bundled, bundle
 from .cache import sha256_bytes, sha256_file
 from .errors import EdgepackError, UnsupportedOpError, VerificationError
 from .model import LoadedModel, fix_input_shapes, load_model, simplify
+from .prepost import bake_prepost, prepost_config_exists
 from .reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .runner import run_artifact
 from .targets import Target
@@ -39,6 +40,8 @@ class BuildOptions:
     out_dir: Path = Path("dist")
     verify: bool = True
     simplify: bool = True
+    preprocess: str | None = None    # e.g. "image:size=224x224,layout=nhwc,dtype=uint8,mean=...,std=..."
+    postprocess: str | None = None   # e.g. "softmax,topk=5,labels=labels.txt"
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
     model = fix_input_shapes(model, opts.input_shapes)
     if opts.simplify:
         model = simplify(model)
+    if opts.preprocess or opts.postprocess or prepost_config_exists(path):
+        # Graph surgery before compilation, so every backend gets the same pre/post-processing.
+        model = bake_prepost(model, path, opts.preprocess, opts.postprocess)
     golden_in = random_inputs(model.inputs, GOLDEN_SEED)
     golden_out = run_onnxruntime(model, golden_in)
     return PreparedModel(model, sha256_file(path), golden_in, golden_out)

@@ -1,0 +1,1 @@
+"""`edgepack run` and the Python SDK commands register on the main group here."""
