@@ -92,7 +92,7 @@ def deploy_one(device: Device, artifact: ArtifactInfo, opts: Options,
             release.switch(conn, dest, new)
             test = run_selftest(conn, exe_path(dest, artifact.name), opts.selftest_timeout)
             if test.passed:
-                release.prune(conn, dest, new)
+                release.prune(conn, dest, new, present=facts.releases + (rel.split("/", 1)[1],))
                 return run.result(DEPLOYED, f"{artifact.short[:8]} installed"
                                   + (f", previous {old.current.split('/')[-1][:8]} kept" if old.current else ""),
                                   latency_ms=test.latency_ms, sha256=artifact.sha256)
@@ -127,7 +127,7 @@ def _install(conn: Connector, artifact: ArtifactInfo, facts: DeviceFacts, progre
                           f"{artifact.name} needs {need // 1024} KiB; nothing was changed",
                           hint="free space on the device or deploy to a bigger filesystem with --dest")
     try:
-        return release.upload(conn, artifact, dest, progress)
+        return release.upload(conn, artifact, dest, progress, releases_exist=facts.has_releases)
     except ConnectionLost:
         raise
     except EdgepackError as exc:

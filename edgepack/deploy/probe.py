@@ -29,7 +29,8 @@ class DeviceFacts:
     current: str | None              # target of DEST/current, e.g. "releases/3f2a..."
     previous: str | None
     files: tuple[tuple[str, str], ...]   # (name, sha256) of the files in DEST/current
-    releases: tuple[str, ...] = ()       # folder names under DEST/releases
+    releases: tuple[str, ...] = ()       # folder names under DEST/releases (with .incoming-* leftovers)
+    has_releases: bool = False           # DEST/releases exists
 
     def runs(self, arch: str) -> bool:
         return arch == self.arch or arch in self.emulates
@@ -61,22 +62,30 @@ def shell_path(path: str) -> str:
 
 
 def probe_script(dest: str) -> str:
+    # Few processes on purpose: on slow boards (and under qemu) every fork+exec costs tens of ms, so
+    # shell builtins (read, parameter expansion) do what head/grep/sed/dirname would.
     return f"""D={shell_path(dest)}
 echo "@arch $(uname -m)"
-echo "@glibc $( {{ getconf GNU_LIBC_VERSION || ldd --version; }} 2>&1 | head -n 1)"
+echo "@glibc $(getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1)"
 echo "@home $HOME"
 echo "@dest $D"
 for f in /proc/sys/fs/binfmt_misc/*; do
   case "$f" in */register|*/status) continue;; esac
-  if [ -r "$f" ] && head -n 1 "$f" | grep -q enabled; then echo "@binfmt $(grep '^magic' "$f")"; fi
+  on=""
+  while read -r k v; do
+    case "$k" in enabled) on=1;; magic) [ -n "$on" ] && echo "@binfmt magic $v";; esac
+  done < "$f"
 done 2>/dev/null
 d="$D"; n=0
-while [ ! -d "$d" ] && [ "$n" -lt 64 ]; do d=$(dirname "$d"); n=$((n + 1)); done
-echo "@df $(df -Pk "$d" 2>/dev/null | tail -n 1)"
-echo "@current $(readlink "$D/current" 2>/dev/null)"
-echo "@previous $(readlink "$D/previous" 2>/dev/null)"
-for r in "$D"/releases/*/; do [ -d "$r" ] && echo "@release $(basename "$r")"; done 2>/dev/null
-if [ -d "$D/current/" ]; then (cd "$D/current/" && sha256sum -- * 2>/dev/null) | sed 's/^/@file /'; fi
+while [ ! -d "$d" ] && [ "$n" -lt 64 ]; do d="${{d%/*}}"; d="${{d:-/}}"; n=$((n + 1)); done
+df -Pk "$d" 2>/dev/null | {{ last=""; while read -r l; do last="$l"; done; echo "@df $last"; }}
+[ -d "$D/releases" ] && echo "@has_releases 1"
+[ -L "$D/current" ] && echo "@current $(readlink "$D/current")"
+[ -L "$D/previous" ] && echo "@previous $(readlink "$D/previous")"
+for r in "$D"/releases/*/ "$D"/releases/.incoming-*/; do
+  [ -d "$r" ] && r="${{r%/}}" && echo "@release ${{r##*/}}"
+done 2>/dev/null
+if [ -d "$D/current/" ]; then (cd "$D/current/" && sha256sum -- * 2>/dev/null) | while read -r h f; do echo "@file $h  $f"; done; fi
 true
 """
 
@@ -107,7 +116,7 @@ def parse_probe(text: str) -> DeviceFacts:
     return DeviceFacts(uname=uname, arch=_ARCH_ALIASES.get(uname, uname), glibc=m.group(1) if m else None,
                        emulates=tuple(emulates), home=one("home"), dest=one("dest"), free_bytes=free,
                        current=one("current") or None, previous=one("previous") or None, files=tuple(files),
-                       releases=tuple(vals.get("release", [])))
+                       releases=tuple(vals.get("release", [])), has_releases=bool(vals.get("has_releases")))
 
 
 def probe(conn: Connector, device: Device, dest: str, timeout: float = 60) -> DeviceFacts:

@@ -54,15 +54,22 @@ def switch(conn: Connector, dest: str, new: Links) -> None:
 
 
 def upload(conn: Connector, artifact: ArtifactInfo, dest: str, progress: Progress | None,
-           timeout: float = 120) -> str:
+           timeout: float = 120, releases_exist: bool = False) -> str:
     """Upload, verify on the device, and move into releases/<sha16>. Returns that relative path."""
     rel = release_dir(artifact)
     incoming = f"{dest}/{RELEASES}/.incoming-{secrets.token_hex(6)}"
     q = shlex.quote
-    res = conn.run(f"mkdir -p -- {q(dest + '/' + RELEASES)} && mkdir -- {q(incoming)}", timeout)
-    if res.rc != 0:
-        raise DeployError(f"cannot create {dest}/{RELEASES} on the device: {res.output}",
-                          hint="pick a writable --dest (or `dest` in the inventory)")
+    if releases_exist:
+        try:
+            conn.mkdir(incoming)  # one SFTP request instead of a remote process
+        except OSError as exc:
+            raise DeployError(f"cannot create {incoming} on the device: {exc.strerror or exc}",
+                              hint="check the permissions of --dest (or `dest` in the inventory)") from None
+    else:
+        res = conn.run(f"mkdir -p -- {q(dest + '/' + RELEASES)} && mkdir -- {q(incoming)}", timeout)
+        if res.rc != 0:
+            raise DeployError(f"cannot create {dest}/{RELEASES} on the device: {res.output}",
+                              hint="pick a writable --dest (or `dest` in the inventory)")
     remote = f"{incoming}/{artifact.name}"
     try:
         conn.put(artifact.path, remote, progress)
@@ -89,9 +96,12 @@ def upload(conn: Connector, artifact: ArtifactInfo, dest: str, progress: Progres
     return rel
 
 
-def prune(conn: Connector, dest: str, keep: Links, timeout: float = 120) -> None:
+def prune(conn: Connector, dest: str, keep: Links, present: tuple[str, ...] | None = None,
+          timeout: float = 120) -> None:
     """Remove releases other than current and previous, and leftover .incoming folders."""
     names = [link.split("/", 1)[1] for link in (keep.current, keep.previous) if link and "/" in link]
+    if present is not None and not set(present) - set(names):
+        return  # nothing to remove: save the round trip
     pattern = "|".join(shlex.quote(n) for n in names) or "''"
     conn.run(f"cd -- {shlex.quote(dest + '/' + RELEASES)} 2>/dev/null || exit 0\n"
              f"for r in * .incoming-*; do case \"$r\" in {pattern}|'*'|'.incoming-*') ;; "
