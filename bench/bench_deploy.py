@@ -49,12 +49,13 @@ def variant(base: Path | None, folder: Path, i: int, kind: str) -> Path:
 def one_round(devices, art, opts) -> tuple[float, list]:
     t0 = time.monotonic()
     deployed = run_all(devices, lambda d: deploy_one(d, art, opts), opts.parallel)
+    t_deploy = time.monotonic() - t0
     smoked = run_all(devices, lambda d: smoke_one(d, opts), opts.parallel)
     elapsed = time.monotonic() - t0
     bad = [r for r in deployed + smoked if not r.ok]
     if bad:
         raise SystemExit(f"bench round failed: {[(r.device, r.status, r.message) for r in bad]}")
-    return elapsed, deployed
+    return t_deploy, elapsed, deployed
 
 
 def main() -> int:
@@ -71,6 +72,7 @@ def main() -> int:
         inv = load_inventory(lab.write_inventory(devs))
         all_devices = [inv.devices[d.name] for d in devs]
         times: dict[int, list[float]] = {1: [], args.devices: []}
+        deploy_times: dict[int, list[float]] = {1: [], args.devices: []}
         latencies = []
         version = 0
         for _ in range(args.rounds):
@@ -78,8 +80,9 @@ def main() -> int:
                 version += 1
                 art = inspect_artifact(variant(args.artifact, tmp, version, args.kind))
                 opts = Options(ssh=SSHOptions(connect_timeout=10), parallel=n)
-                elapsed, deployed = one_round(all_devices[:n], art, opts)
+                t_deploy, elapsed, deployed = one_round(all_devices[:n], art, opts)
                 times[n].append(elapsed)
+                deploy_times[n].append(t_deploy)
                 latencies += [r.latency_ms for r in deployed if r.latency_ms is not None]
         one, many = statistics.median(times[1]), statistics.median(times[args.devices])
         size = art.size
@@ -87,6 +90,9 @@ def main() -> int:
         print(f"deploy+smoke, 1 device             : {one:6.2f} s  (runs: {', '.join(f'{t:.2f}' for t in times[1])})")
         print(f"deploy+smoke, {args.devices} devices, -j {args.devices:<4}: {many:6.2f} s  "
               f"(runs: {', '.join(f'{t:.2f}' for t in times[args.devices])})")
+        d1, dn = statistics.median(deploy_times[1]), statistics.median(deploy_times[args.devices])
+        print(f"  of which deploy (upload, verify, switch, on-device selftest): 1 device {d1:.2f} s, "
+              f"{args.devices} devices {dn:.2f} s ({dn / d1:.2f}x); the rest is `smoke` (a new session per device)")
         ratio = many / one
         print(f"ratio {args.devices}/1: {ratio:.2f}x  (goal <= 2.00x: {'met' if ratio <= 2 else 'NOT met'})")
         if latencies:
