@@ -77,7 +77,7 @@ def transformer_block(path: Path, d: int = 64, heads: int = 4, seq: int = 16) ->
     return path
 
 
-def single_op_model(path: Path, op: str, inputs: dict, outputs: dict, inits=(), **attrs) -> Path:
+def single_op_model(path: Path, op: str, inputs: dict, outputs: dict, inits=(), opset: int = 17, **attrs) -> Path:
     """A one-node model: inputs/outputs map name -> shape (float32)."""
     node = helper.make_node(op, list(inputs) + [i.name for i in inits], list(outputs), name=f"{op.lower()}_node",
                             **attrs)
@@ -85,7 +85,7 @@ def single_op_model(path: Path, op: str, inputs: dict, outputs: dict, inits=(), 
         [node], f"single_{op}",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()], list(inits))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
