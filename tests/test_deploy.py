@@ -148,3 +148,50 @@ def test_bad_input_one_line_error(tmp_path, args, code, msg):
     assert p.returncode == code, p.stderr
     assert p.stderr.startswith("error: ") and msg in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and "hint:" in p.stderr
+
+
+def _ssh_config(tmp_path, dev, key):
+    cfg = tmp_path / "ssh_config_key"
+    cfg.write_text(f"Host {dev.addr}\n  IdentityFile {key}\n")
+    return cfg
+
+
+def test_key_from_ssh_agent(lab, tmp_path):
+    """No key file anywhere: the client key is only in an ssh-agent, as on a developer's laptop."""
+    import shutil
+    import subprocess
+    dev = lab.add("x1", "x86_64")
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen([shutil.which("ssh-agent"), "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):  # bounded: 2 s
+            if sock.exists():
+                break
+            time.sleep(0.01)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock), "HOME": str(tmp_path / "emptyhome")}
+        subprocess.run(["ssh-add", "-q", str(lab.client_key)], env=env, check=True, timeout=10,
+                       capture_output=True)
+        art = make_standin(tmp_path / "v1")
+        p = edgepack("deploy", art, "-d", dev.spec, "--known-hosts", lab.known_hosts, "--json", env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        # and without the agent the same command is refused by the device, with a one-line reason
+        env.pop("SSH_AUTH_SOCK")
+        p = edgepack("deploy", art, "-d", dev.spec, "--known-hosts", lab.known_hosts, "--json", env=env)
+        assert p.returncode == 9 and "no SSH key to offer" in p.stdout, p.stdout
+        # a key the device does not know is refused by the device, with a one-line reason
+        stranger = tmp_path / "stranger"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True, timeout=30)
+        p = edgepack("deploy", art, "-d", dev.spec, "--known-hosts", lab.known_hosts, "--json", "--ssh-config",
+                     _ssh_config(tmp_path, dev, stranger), env=env)
+        assert p.returncode == 9 and f"refused key {stranger}" in p.stdout, p.stdout
+    finally:
+        agent.kill()
+        agent.wait(timeout=5)
+
+
+def test_devices_list(lab, tmp_path):
+    lab.add("x1", "x86_64")
+    inv = lab.write_inventory()
+    p = edgepack("devices", "list", "-i", inv)
+    assert p.returncode == 0 and "x1" in p.stdout and "root@127.0.0." in p.stdout

@@ -115,26 +115,36 @@ def connect(device: Device, opts: SSHOptions) -> "SSHConnector":
             f"{known_hosts} has {fingerprint(exc.expected_key)}; someone may be intercepting the connection",
             hint=f"if the device was re-imaged, verify its new key, then remove the old one: "
                  f"ssh-keygen -f {known_hosts} -R '{hid}'") from None
-    except paramiko.AuthenticationException:
+    except (paramiko.AuthenticationException, paramiko.SSHException) as exc:
+        if not isinstance(exc, paramiko.AuthenticationException) and "No authentication methods" not in str(exc):
+            _unreachable(client, sock, device, exc, t)
         client.close()
         how = f"key {', '.join(device.keys)}" if device.keys else "the SSH agent and ~/.ssh/id_* keys"
+        if not isinstance(exc, paramiko.AuthenticationException):
+            raise DeployError(f"{device.name}: no SSH key to offer {user}@{device.host} (no agent, no ~/.ssh/id_* key)",
+                              hint="set `key` in the inventory, IdentityFile in ~/.ssh/config, or ssh-add it") from None
         raise DeployError(f"{device.name}: {user}@{device.host} refused {how}",
                           hint=f"install the public key on the device (ssh-copy-id -p {device.port or 22} "
                                f"{user}@{device.host}) or set `key` in the inventory") from None
-    except (OSError, EOFError, paramiko.SSHException) as exc:
-        client.close()
-        sock.close()
-        text = str(exc)
-        if isinstance(exc, (socket.timeout, TimeoutError)) or "banner" in text or "No existing session" in text:
-            # paramiko's transport thread died waiting for the server's greeting
-            raise Unreachable(f"{device.name}: {device.address} accepted TCP but sent no SSH greeting within "
-                              f"{t:g} s (timed out)", hint="is sshd running on that port, and is the device "
-                              "overloaded? raise --connect-timeout for slow links") from None
-        raise Unreachable(f"{device.name}: SSH with {device.address} failed: {_reason(exc)}",
-                          hint="check the address, the port and that sshd runs on the device") from None
+    except (OSError, EOFError) as exc:
+        _unreachable(client, sock, device, exc, t)
     transport = client.get_transport()
     transport.set_keepalive(5)  # notice a dead peer instead of hanging on it
     return SSHConnector(device, client)
+
+
+def _unreachable(client, sock, device: Device, exc: BaseException, t: float):
+    """Raise Unreachable for a connection that failed below authentication."""
+    client.close()
+    sock.close()
+    text = str(exc)
+    if isinstance(exc, (socket.timeout, TimeoutError)) or "banner" in text or "No existing session" in text:
+        # paramiko's transport thread died waiting for the server's greeting
+        raise Unreachable(f"{device.name}: {device.address} accepted TCP but sent no SSH greeting within "
+                          f"{t:g} s (timed out)", hint="is sshd running on that port, and is the device "
+                          "overloaded? raise --connect-timeout for slow links") from None
+    raise Unreachable(f"{device.name}: SSH with {device.address} failed: {_reason(exc)}",
+                      hint="check the address, the port and that sshd runs on the device") from None
 
 
 def _reason(exc: BaseException) -> str:
