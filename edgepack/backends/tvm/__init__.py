@@ -1,1 +1,72 @@
-"""Apache TVM backend (relax) — see issue: TVM backend."""
+"""Apache TVM backend (relax): the whole graph compiled to native code for the target's CPU,
+optionally tuned (MetaSchedule), linked with a static TVM runtime into the artifact.
+
+Modules: ``ops`` (op coverage table), ``target_map`` (edgepack target -> TVM target),
+``compile`` (from_onnx -> fused pipeline -> relax.build), ``runtime_lib`` (the runtime
+archives per triple), ``tuning`` (databases and ``edgepack tune``).
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from .. import CompileRequest, EngineBuild, register
+from ...model import LoadedModel
+from ...reference import TOLERANCES
+from ...resources import runtimes_dir
+from . import ops
+from .runtime_lib import TVM_FFI_VERSION, TVM_VERSION
+
+
+class TvmBackend:
+    name = "tvm"
+
+    def unsupported_ops(self, model: LoadedModel) -> dict[str, list[str]]:
+        return ops.unsupported(model.ops())
+
+    def missing_tools(self) -> list[str]:
+        missing = []
+        for module, pkg in (("tvm", f"apache-tvm=={TVM_VERSION}"), ("tvm_ffi", f"apache-tvm-ffi=={TVM_FFI_VERSION}")):
+            if importlib.util.find_spec(module) is None:
+                missing.append(f"{pkg} (pip install {pkg})")
+        if not missing:
+            import importlib.metadata as md
+            have = md.version("apache-tvm-ffi")
+            if have != TVM_FFI_VERSION:
+                missing.append(f"apache-tvm-ffi {have} installed, need {TVM_FFI_VERSION} "
+                               f"(pip install apache-tvm-ffi=={TVM_FFI_VERSION})")
+        return missing
+
+    def compile(self, req: CompileRequest) -> EngineBuild:
+        from .compile import compile_model
+        from .runtime_lib import build_runtime
+        from .target_map import target_dict, tvm_target
+        from .tuning import find_database
+        from ...toolchains import Toolchain  # noqa: F401  (type only)
+
+        db, why = find_database(req.model, req.target)
+        req.log(f"tvm: {why}")
+        tgt = tvm_target(req.target)
+        compiled = compile_model(req.model, tgt, req.workdir / "tvm", tuning_db=db, log=req.log)
+        rt = build_runtime(req.target, req.toolchain, log=req.log)
+        notes = [f"tvm: {why}"]
+        if req.precision == "fp16":
+            notes.append("tvm: computes in fp32 (fp16 storage is an NCNN feature); tolerance is fp32's")
+        return EngineBuild(
+            backend=self.name,
+            sources=(runtimes_dir() / "tvm" / "ep_engine_tvm.cc",),
+            include_dirs=rt.include_dirs,
+            link_inputs=(compiled.lib0, compiled.devc),
+            link_flags=("-Wl,--whole-archive", *(str(a) for a in rt.archives), "-Wl,--no-whole-archive"),
+            model_blobs=(),
+            options={"tvm.entry": "main"},
+            tolerance=TOLERANCES["fp32"],
+            manifest={"apache-tvm": TVM_VERSION, "apache-tvm-ffi": TVM_FFI_VERSION, "target": target_dict(req.target),
+                      "pipeline": "cpu_generic fused" + (" + MetaSchedule database" if db else " (untuned)"),
+                      "tuned": db is not None, "tuning_db": db.name if db else None, "compute_precision": "fp32",
+                      "compile_seconds": compiled.seconds, "runtime": rt.manifest()},
+            notes=tuple(notes),
+            weight_bytes=compiled.weight_bytes,
+        )
+
+
+register(TvmBackend())
