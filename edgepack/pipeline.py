@@ -22,7 +22,7 @@ from .bundle import BundleRequest, Bundled, bundle
 from .cache import sha256_bytes, sha256_file
 from .errors import EdgepackError, UnsupportedOpError, VerificationError
 from .model import LoadedModel, fix_input_shapes, load_model, simplify
-from .prepost import bake_prepost, prepost_config_exists
+from .prepost import bake_prepost, prepost_config_exists, prepost_manifest
 from .reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .runner import run_artifact
 from .targets import Target
@@ -137,6 +137,7 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
         "tolerance": engine.tolerance.to_json(),
         "toolchain": {"name": tc.name, "package": tc.package, "version": tc.version},
         "golden_seed": GOLDEN_SEED,
+        **prepost_manifest(model),  # baked pre/post-processing: read by the runtime
     }
 
 

@@ -1,6 +1,7 @@
 /* The artifact's command line: info, run, selftest, bench. Returns exit codes; never exits. */
 #define _GNU_SOURCE
 #include "ep_runtime.h"
+#include "ep_io.h"
 
 #include <errno.h>
 #include <math.h>
@@ -15,8 +16,14 @@
 static const char USAGE[] =
     "usage: %s COMMAND [options]\n"
     "  info                                   print the manifest (JSON)\n"
-    "  run --input [NAME=]FILE.npy ... [--output DIR] [--threads N]\n"
-    "                                         run the model; writes DIR/NAME.npy or prints JSON\n"
+    "  run --input [NAME=]FILE ... [--output DIR] [--threads N]\n"
+    "                                         run the model on .npy, JSON, or (when built with\n"
+    "                                         --preprocess) PNG/JPEG/PPM files; writes DIR/NAME.npy\n"
+    "                                         or prints JSON\n"
+    "  run --input-dir DIR [--output results.jsonl]    one JSON line per file (bad files: error lines)\n"
+    "  run --input rows.csv [--output out.csv|out.jsonl] one run per CSV row\n"
+    "  serve [--port P] [--host 127.0.0.1] [--idle-timeout S] [--max-body BYTES] [--threads N]\n"
+    "                                         HTTP: GET / (try-it page), POST /predict, GET /info, /health\n"
     "  selftest [--threads N] [--json]        check the embedded golden output (exit 0 PASS, 1 FAIL)\n"
     "  bench [--runs N] [--warmup N] [--threads N] [--json]\n"
     "                                         latency min/median/p90 and peak RSS\n";
@@ -26,6 +33,10 @@ typedef struct {
     int n_inputs;
     const char *output_dir;
     int threads, runs, warmup, json;
+    const char *input_dir, *host;
+    int port;
+    double idle_timeout;
+    long long max_body, max_requests;
 } cli_opts;
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -42,6 +53,9 @@ static int parse_opts(int argc, char **argv, int start, cli_opts *o, ep_status *
     o->threads = 0;
     o->runs = 50;
     o->warmup = 5;
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->max_body = 16 << 20;
     for (int i = start; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -55,6 +69,27 @@ static int parse_opts(int argc, char **argv, int start, cli_opts *o, ep_status *
         } else if (strcmp(a, "--output") == 0 || strcmp(a, "-o") == 0) {
             if (!v) return ep_fail(st, EP_ERR_USAGE, "%s needs a value", a);
             o->output_dir = v;
+            i++;
+        } else if (strcmp(a, "--input-dir") == 0) {
+            if (!v) return ep_fail(st, EP_ERR_USAGE, "%s needs a value", a);
+            o->input_dir = v;
+            i++;
+        } else if (strcmp(a, "--host") == 0) {
+            if (!v) return ep_fail(st, EP_ERR_USAGE, "%s needs a value", a);
+            o->host = v;
+            i++;
+        } else if (strcmp(a, "--port") == 0) {
+            if (!v || !parse_int(v, 0, 65535, &o->port)) return ep_fail(st, EP_ERR_USAGE, "--port needs 0..65535");
+            i++;
+        } else if (strcmp(a, "--idle-timeout") == 0 || strcmp(a, "--max-body") == 0 ||
+                   strcmp(a, "--max-requests") == 0) {
+            char *end;
+            double x = v ? strtod(v, &end) : -1;
+            if (!v || *end || end == v || !(x >= 0) || x > 1e15)
+                return ep_fail(st, EP_ERR_USAGE, "%s needs a number >= 0", a);
+            if (a[2] == 'i') o->idle_timeout = x;
+            else if (a[6] == 'b') o->max_body = (long long)x;
+            else o->max_requests = (long long)x;
             i++;
         } else if (strcmp(a, "--threads") == 0) {
             if (!v || !parse_int(v, 0, 1024, &o->threads))
@@ -133,36 +168,21 @@ static void safe_name(const char *name, char *out, size_t len) {
     if (!j) snprintf(out, len, "output");
 }
 
-static void print_values_json(const ep_tensor *t) {
-    size_t n = (size_t)ep_shape_count(t->shape, t->ndim);
-    fputc('[', stdout);
-    for (size_t i = 0; i < n; i++) {
-        if (i) fputc(',', stdout);
-        switch (t->dtype) {
-        case EP_F32: {
-            float v = ((const float *)t->data)[i];
-            if (isfinite(v)) printf("%.9g", v);
-            else fputs("null", stdout);
-            break;
-        }
-        case EP_F64: printf("%.17g", ((const double *)t->data)[i]); break;
-        case EP_I32: printf("%d", ((const int32_t *)t->data)[i]); break;
-        case EP_I64: printf("%lld", (long long)((const int64_t *)t->data)[i]); break;
-        case EP_U8: case EP_BOOL: printf("%u", ((const uint8_t *)t->data)[i]); break;
-        case EP_I8: printf("%d", ((const int8_t *)t->data)[i]); break;
-        default: fputs("null", stdout);
-        }
-    }
-    fputc(']', stdout);
-}
-
-static void print_shape_json(const int64_t *shape, int ndim) {
-    fputc('[', stdout);
-    for (int i = 0; i < ndim; i++) printf(i ? ",%lld" : "%lld", (long long)shape[i]);
-    fputc(']', stdout);
+static int is_csv_path(const char *p) {
+    size_t n = strlen(p);
+    return n > 4 && strcmp(p + n - 4, ".csv") == 0;
 }
 
 static int cmd_run(const cli_opts *o, ep_status *st) {
+    if (o->input_dir) {
+        if (o->n_inputs) return ep_fail(st, EP_ERR_USAGE, "give --input or --input-dir, not both");
+        return ep_run_batch(o->input_dir, NULL, o->output_dir, o->threads, st);
+    }
+    if (o->n_inputs == 1 && is_csv_path(o->inputs[0]))
+        return ep_run_batch(NULL, strchr(o->inputs[0], '=') ? strchr(o->inputs[0], '=') + 1 : o->inputs[0], o->output_dir, o->threads, st);
+    ep_prepost pp;
+    int prc = ep_prepost_load(&ep_spec, &pp, st);
+    if (prc) return prc;
     ep_tensor inputs[64], outputs[64];
     memset(inputs, 0, sizeof inputs);
     memset(outputs, 0, sizeof outputs);
@@ -182,7 +202,10 @@ static int cmd_run(const cli_opts *o, ep_status *st) {
         size_t len;
         rc = ep_read_file(path, EP_MAX_INPUT_BYTES, &buf, &len, st);
         if (rc) break;
-        rc = ep_npy_parse(buf, len, &inputs[idx], st);
+        if (!strchr(o->inputs[k], '=') && ep_spec.n_inputs == 1)
+            rc = ep_inputs_from_bytes(&ep_spec, &pp, buf, len, EP_KIND_AUTO, inputs, st);
+        else
+            rc = ep_npy_parse(buf, len, &inputs[idx], st);
         free(buf);
         if (rc) {
             char msg[sizeof st->message];
@@ -191,7 +214,7 @@ static int cmd_run(const cli_opts *o, ep_status *st) {
             break;
         }
         have[idx] = 1;
-        rc = ep_check_input(&ep_spec.inputs[idx], &inputs[idx], st);
+        rc = ep_coerce_input(&ep_spec.inputs[idx], &inputs[idx], st);
     }
     for (int i = 0; !rc && i < ep_spec.n_inputs; i++)
         if (!have[i]) rc = ep_fail(st, EP_ERR_USAGE, "missing input %s (--input %s=FILE.npy)", ep_spec.inputs[i].name,
@@ -215,22 +238,23 @@ static int cmd_run(const cli_opts *o, ep_status *st) {
             rc = ep_npy_write_file(path, &outputs[i], st);
         }
     }
-    if (!rc) {
+    if (!rc && !o->output_dir) {
+        printf("{\"latency_ms\": %.3f, \"threads\": %d, ", ms, o->threads);
+        ep_write_answer(stdout, &ep_spec, &pp, outputs);
+        fputs("}\n", stdout);
+    } else if (!rc) {
         printf("{\"latency_ms\": %.3f, \"threads\": %d, \"outputs\": {", ms, o->threads);
         for (int i = 0; i < ep_spec.n_outputs; i++) {
             if (i) fputs(", ", stdout);
             ep_json_string(stdout, ep_spec.outputs[i].name);
             printf(": {\"dtype\": \"%s\", \"shape\": ", ep_dtype_name(outputs[i].dtype));
-            print_shape_json(outputs[i].shape, outputs[i].ndim);
-            if (o->output_dir) {
+            ep_write_shape_json(stdout, outputs[i].shape, outputs[i].ndim);
+            {
                 char name[256], path[4096];
                 safe_name(ep_spec.outputs[i].name, name, sizeof name);
                 snprintf(path, sizeof path, "%s/%s.npy", o->output_dir, name);
                 fputs(", \"file\": ", stdout);
                 ep_json_string(stdout, path);
-            } else {
-                fputs(", \"values\": ", stdout);
-                print_values_json(&outputs[i]);
             }
             fputc('}', stdout);
         }
@@ -239,7 +263,13 @@ static int cmd_run(const cli_opts *o, ep_status *st) {
     if (e) ep_engine_close(e);
     free_all(inputs, ep_spec.n_inputs);
     free_all(outputs, ep_spec.n_outputs);
+    ep_prepost_free(&pp);
     return rc;
+}
+
+static int cmd_serve(const cli_opts *o, ep_status *st) {
+    ep_serve_opts so = {o->host, o->port, o->idle_timeout, (size_t)o->max_body, o->threads, (long)o->max_requests};
+    return ep_serve(&so, st);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -357,8 +387,10 @@ int ep_cli(int argc, char **argv) {
             rc = cmd_selftest(&o, &st);
         } else if (strcmp(cmd, "bench") == 0) {
             rc = cmd_bench(&o, &st);
+        } else if (strcmp(cmd, "serve") == 0) {
+            rc = cmd_serve(&o, &st);
         } else {
-            rc = ep_fail(&st, EP_ERR_USAGE, "unknown command %s (try: info, run, selftest, bench)", cmd);
+            rc = ep_fail(&st, EP_ERR_USAGE, "unknown command %s (try: info, run, selftest, bench, serve)", cmd);
         }
     }
     if (rc && rc != EP_EXIT_FAIL) fprintf(stderr, "error: %s\n", st.message);

@@ -1,0 +1,371 @@
+/* From raw bytes to model inputs, and from outputs to the JSON answer; shared by run, batch and serve. */
+#include "ep_io.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int io_index(const ep_io_spec *ios, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(ios[i].name, name) == 0) return i;
+    return -1;
+}
+
+int ep_prepost_load(const ep_model_spec *spec, ep_prepost *pp, ep_status *st) {
+    memset(pp, 0, sizeof *pp);
+    const ep_blob *m = &spec->manifest_json;
+    if (ep_json_parse((const char *)m->data, ep_blob_size(m), &pp->doc, st))
+        return ep_fail(st, EP_ERR_MODEL, "embedded manifest damaged: %s", st->message);
+    ep_json *d = &pp->doc;
+    int cfg = ep_json_get(d, 0, "prepost");
+    if (cfg < 0) return EP_OK;
+    int pre = ep_json_get(d, cfg, "preprocess"), post = ep_json_get(d, cfg, "postprocess");
+    if (pre >= 0) {
+        int in = ep_json_get(d, pre, "input"), size = ep_json_get(d, pre, "size");
+        int ch = ep_json_get(d, pre, "channels"), lay = ep_json_get(d, pre, "layout");
+        int dt = ep_json_get(d, pre, "dtype"), rs = ep_json_get(d, pre, "resize");
+        if (in < 0 || size < 0 || ch < 0 || lay < 0 || dt < 0 || rs < 0 || d->nodes[in].type != EP_JSTR ||
+            d->nodes[size].n != 2 || d->nodes[lay].type != EP_JSTR || d->nodes[dt].type != EP_JSTR ||
+            d->nodes[rs].type != EP_JSTR)
+            return ep_fail(st, EP_ERR_MODEL, "embedded preprocessing settings damaged");
+        pp->has_image = 1;
+        pp->image_input = io_index(spec->inputs, spec->n_inputs, d->nodes[in].str);
+        pp->h = (int)d->nodes[ep_json_at(d, size, 0)].num;
+        pp->w = (int)d->nodes[ep_json_at(d, size, 1)].num;
+        pp->c = (int)d->nodes[ch].num;
+        pp->nchw = strcmp(d->nodes[lay].str, "nchw") == 0;
+        pp->float01 = strcmp(d->nodes[dt].str, "float32") == 0;
+        const char *r = d->nodes[rs].str;
+        pp->resize = strcmp(r, "none") == 0 ? 0 : strcmp(r, "nearest") == 0 ? 2 : 1;
+        if (pp->image_input < 0 || pp->h <= 0 || pp->w <= 0 || (pp->c != 1 && pp->c != 3))
+            return ep_fail(st, EP_ERR_MODEL, "embedded preprocessing settings damaged");
+    }
+    if (post >= 0) {
+        int out = ep_json_get(d, post, "output"), k = ep_json_get(d, post, "topk");
+        int labels = ep_json_get(d, post, "labels");
+        pp->has_post = 1;
+        pp->post_output = out >= 0 && d->nodes[out].type == EP_JSTR
+                              ? io_index(spec->outputs, spec->n_outputs, d->nodes[out].str) : 0;
+        if (pp->post_output < 0) pp->post_output = 0;
+        pp->topk = k >= 0 ? (int)d->nodes[k].num : 0;
+        if (labels >= 0 && d->nodes[labels].type == EP_JARR && d->nodes[labels].n > 0) {
+            pp->labels = calloc((size_t)d->nodes[labels].n, sizeof(char *));
+            if (!pp->labels) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+            for (int c = d->nodes[labels].child; c >= 0; c = d->nodes[c].next)
+                pp->labels[pp->n_labels++] = d->nodes[c].type == EP_JSTR ? d->nodes[c].str : "";
+        }
+    }
+    return EP_OK;
+}
+
+void ep_prepost_free(ep_prepost *pp) {
+    free(pp->labels);
+    ep_json_free(&pp->doc);
+    memset(pp, 0, sizeof *pp);
+}
+
+ep_kind ep_sniff(const unsigned char *b, size_t len) {
+    if (len >= 6 && memcmp(b, "\x93NUMPY", 6) == 0) return EP_KIND_NPY;
+    if (ep_image_sniff(b, len)) return EP_KIND_IMAGE;
+    size_t i = 0;
+    while (i < len && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t')) i++;
+    if (i < len && (b[i] == '{' || b[i] == '[')) return EP_KIND_JSON;
+    return EP_KIND_CSV;
+}
+
+static double get_num(const ep_tensor *t, size_t i) {
+    switch (t->dtype) {
+    case EP_F32: return ((const float *)t->data)[i];
+    case EP_F64: return ((const double *)t->data)[i];
+    case EP_I32: return ((const int32_t *)t->data)[i];
+    case EP_I64: return (double)((const int64_t *)t->data)[i];
+    case EP_U8: case EP_BOOL: return ((const uint8_t *)t->data)[i];
+    case EP_I8: return ((const int8_t *)t->data)[i];
+    default: return NAN;
+    }
+}
+
+static void set_num(ep_tensor *t, size_t i, double v) {
+    switch (t->dtype) {
+    case EP_F32: ((float *)t->data)[i] = (float)v; break;
+    case EP_F64: ((double *)t->data)[i] = v; break;
+    case EP_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
+    case EP_I64: ((int64_t *)t->data)[i] = (int64_t)v; break;
+    case EP_U8: case EP_BOOL: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
+    case EP_I8: ((int8_t *)t->data)[i] = (int8_t)v; break;
+    default: break;
+    }
+}
+
+int ep_coerce_input(const ep_io_spec *spec, ep_tensor *t, ep_status *st) {
+    int64_t want = ep_shape_count(spec->shape, spec->ndim), have = ep_shape_count(t->shape, t->ndim);
+    if (want != have) {
+        char a[128], b[128];
+        ep_shape_str(t->shape, t->ndim, a, sizeof a);
+        ep_shape_str(spec->shape, spec->ndim, b, sizeof b);
+        return ep_fail(st, EP_ERR_INPUT, "input %s: got shape %s, the model takes %s", spec->name, a, b);
+    }
+    if (t->dtype == EP_F16 || spec->dtype == EP_F16) {
+        if (t->dtype != spec->dtype)
+            return ep_fail(st, EP_ERR_INPUT, "input %s: float16 data must match the model's dtype", spec->name);
+    } else if (t->dtype != spec->dtype) { /* e.g. uint8 pixels into a float32 input (ncnn takes float32) */
+        ep_tensor c;
+        int rc = ep_tensor_alloc(&c, spec->dtype, spec->ndim, spec->shape, st);
+        if (rc) return rc;
+        for (size_t i = 0; i < (size_t)want; i++) set_num(&c, i, get_num(t, i));
+        ep_tensor_free(t);
+        *t = c;
+    }
+    /* same element count: take the model's shape (e.g. [3,64,64] for [1,3,64,64]) */
+    t->ndim = spec->ndim;
+    memcpy(t->shape, spec->shape, sizeof t->shape);
+    return ep_check_input(spec, t, st);
+}
+
+/* Nested JSON arrays of numbers -> a tensor of dtype `dt` (shape from the nesting). */
+static int json_tensor(const ep_json *d, int node, ep_dtype dt, ep_tensor *out, ep_status *st) {
+    int64_t shape[EP_MAX_DIMS];
+    int nd = 0;
+    int cur = node;
+    while (d->nodes[cur].type == EP_JARR) {
+        if (nd == EP_MAX_DIMS) return ep_fail(st, EP_ERR_INPUT, "JSON tensor has too many dimensions");
+        shape[nd++] = d->nodes[cur].n;
+        if (d->nodes[cur].n == 0) break;
+        cur = d->nodes[cur].child;
+    }
+    if (d->nodes[cur].type != EP_JNUM && d->nodes[cur].type != EP_JBOOL && !(nd && shape[nd - 1] == 0))
+        return ep_fail(st, EP_ERR_INPUT, "JSON tensor: expected (nested arrays of) numbers");
+    int rc = ep_tensor_alloc(out, dt, nd, shape, st);
+    if (rc) return rc;
+    size_t count = (size_t)ep_shape_count(shape, nd), k = 0;
+    /* iterative walk: every array at depth i must have shape[i] members, leaves at depth nd */
+    int stack[EP_MAX_DIMS + 1], depth = 0;
+    stack[0] = node;
+    int pos = node;
+    (void)pos;
+    int it[EP_MAX_DIMS + 1];
+    it[0] = -2;
+    while (depth >= 0) {
+        int n = stack[depth];
+        if (depth == nd) {
+            const ep_jnode *leaf = &d->nodes[n];
+            if ((leaf->type != EP_JNUM && leaf->type != EP_JBOOL) || k >= count) {
+                ep_tensor_free(out);
+                return ep_fail(st, EP_ERR_INPUT, "JSON tensor is not rectangular or holds non-numbers");
+            }
+            set_num(out, k++, leaf->num);
+            depth--;
+            continue;
+        }
+        if (it[depth] == -2) {
+            if (d->nodes[n].type != EP_JARR || d->nodes[n].n != shape[depth]) {
+                ep_tensor_free(out);
+                return ep_fail(st, EP_ERR_INPUT, "JSON tensor is not rectangular");
+            }
+            it[depth] = d->nodes[n].child;
+        } else {
+            it[depth] = d->nodes[it[depth]].next;
+        }
+        if (it[depth] < 0) {
+            it[depth] = -2;
+            depth--;
+            continue;
+        }
+        stack[depth + 1] = it[depth];
+        it[depth + 1] = -2;
+        depth++;
+    }
+    if (k != count) {
+        ep_tensor_free(out);
+        return ep_fail(st, EP_ERR_INPUT, "JSON tensor is not rectangular");
+    }
+    return EP_OK;
+}
+
+void ep_free_tensors(ep_tensor *t, int n) {
+    for (int i = 0; i < n; i++) ep_tensor_free(&t[i]);
+}
+
+int ep_inputs_from_bytes(const ep_model_spec *spec, const ep_prepost *pp, const unsigned char *buf, size_t len,
+                         ep_kind kind, ep_tensor *inputs, ep_status *st) {
+    memset(inputs, 0, sizeof(ep_tensor) * (size_t)spec->n_inputs);
+    if (kind == EP_KIND_AUTO) kind = ep_sniff(buf, len);
+    int rc = EP_OK;
+    if (kind == EP_KIND_NPY || kind == EP_KIND_IMAGE) {
+        if (spec->n_inputs != 1)
+            return ep_fail(st, EP_ERR_INPUT, "the model has %d inputs: send JSON {\"name\": [...], ...}", spec->n_inputs);
+        if (kind == EP_KIND_NPY) {
+            rc = ep_npy_parse(buf, len, &inputs[0], st);
+        } else {
+            if (!pp->has_image)
+                return ep_fail(st, EP_ERR_INPUT, "this model takes no images (build it with --preprocess image:...)");
+            ep_tensor img;
+            rc = ep_image_decode(buf, len, pp->c, &img, st);
+            if (rc) return rc;
+            rc = ep_image_to_input(&img, pp, &spec->inputs[0], &inputs[0], st);
+            ep_tensor_free(&img);
+        }
+    } else if (kind == EP_KIND_JSON) {
+        ep_json d;
+        rc = ep_json_parse((const char *)buf, len, &d, st);
+        if (rc) return rc;
+        int root = 0;
+        int wrapped = ep_json_get(&d, 0, "inputs");
+        if (wrapped >= 0) root = wrapped;
+        if (d.nodes[root].type == EP_JARR) {
+            if (spec->n_inputs != 1)
+                rc = ep_fail(st, EP_ERR_INPUT, "the model has %d inputs: send {\"name\": [...], ...}", spec->n_inputs);
+            else
+                rc = json_tensor(&d, root, spec->inputs[0].dtype, &inputs[0], st);
+        } else if (d.nodes[root].type == EP_JOBJ) {
+            for (int i = 0; i < spec->n_inputs && !rc; i++) {
+                int v = ep_json_get(&d, root, spec->inputs[i].name);
+                if (v < 0) rc = ep_fail(st, EP_ERR_INPUT, "JSON lacks input \"%s\"", spec->inputs[i].name);
+                else rc = json_tensor(&d, v, spec->inputs[i].dtype, &inputs[i], st);
+            }
+        } else {
+            rc = ep_fail(st, EP_ERR_INPUT, "JSON input must be an array or an object of arrays");
+        }
+        ep_json_free(&d);
+    } else {
+        return ep_fail(st, EP_ERR_INPUT, "unrecognised input (expected an image, .npy, JSON or CSV)");
+    }
+    for (int i = 0; i < spec->n_inputs && !rc; i++) rc = ep_coerce_input(&spec->inputs[i], &inputs[i], st);
+    if (rc) ep_free_tensors(inputs, spec->n_inputs);
+    return rc;
+}
+
+void ep_write_values_json(FILE *f, const ep_tensor *t) {
+    size_t n = (size_t)ep_shape_count(t->shape, t->ndim);
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++) {
+        if (i) fputc(',', f);
+        double v = get_num(t, i);
+        if (!isfinite(v)) fputs("null", f);
+        else if (t->dtype == EP_F32) fprintf(f, "%.9g", v);
+        else if (t->dtype == EP_F64) fprintf(f, "%.17g", v);
+        else fprintf(f, "%.0f", v);
+    }
+    fputc(']', f);
+}
+
+void ep_write_shape_json(FILE *f, const int64_t *shape, int ndim) {
+    fputc('[', f);
+    for (int i = 0; i < ndim; i++) fprintf(f, i ? ",%lld" : "%lld", (long long)shape[i]);
+    fputc(']', f);
+}
+
+static void write_top(FILE *f, const ep_prepost *pp, const ep_tensor *scores) {
+    size_t n = (size_t)ep_shape_count(scores->shape, scores->ndim);
+    int k = pp->topk > 0 ? pp->topk : 5;
+    if ((size_t)k > n) k = (int)n;
+    int best[1000];
+    if (k > 1000) k = 1000;
+    for (int j = 0; j < k; j++) { /* k passes of selection: k is small */
+        int b = -1;
+        for (size_t i = 0; i < n; i++) {
+            int used = 0;
+            for (int q = 0; q < j; q++) used |= best[q] == (int)i;
+            if (used) continue;
+            double v = get_num(scores, i);
+            if (b < 0 || v > get_num(scores, (size_t)b) || (isnan(get_num(scores, (size_t)b)) && !isnan(v))) b = (int)i;
+        }
+        best[j] = b;
+    }
+    fputs("\"top\": [", f);
+    for (int j = 0; j < k; j++) {
+        double v = get_num(scores, (size_t)best[j]);
+        fprintf(f, "%s{\"index\": %d, \"label\": ", j ? ", " : "", best[j]);
+        if (best[j] < pp->n_labels) ep_json_string(f, pp->labels[best[j]]);
+        else fprintf(f, "\"%d\"", best[j]);
+        if (isfinite(v)) fprintf(f, ", \"score\": %.9g}", v);
+        else fputs(", \"score\": null}", f);
+    }
+    fputs("], ", f);
+}
+
+void ep_write_answer(FILE *f, const ep_model_spec *spec, const ep_prepost *pp, const ep_tensor *outputs) {
+    if (pp && pp->has_post) write_top(f, pp, &outputs[pp->post_output]);
+    fputs("\"outputs\": {", f);
+    for (int i = 0; i < spec->n_outputs; i++) {
+        if (i) fputs(", ", f);
+        ep_json_string(f, spec->outputs[i].name);
+        fprintf(f, ": {\"dtype\": \"%s\", \"shape\": ", ep_dtype_name(outputs[i].dtype));
+        ep_write_shape_json(f, outputs[i].shape, outputs[i].ndim);
+        fputs(", \"values\": ", f);
+        ep_write_values_json(f, &outputs[i]);
+        fputc('}', f);
+    }
+    fputc('}', f);
+}
+
+static void write_csv_header(FILE *f, const ep_model_spec *spec, const ep_prepost *pp, const ep_tensor *outputs) {
+    fputs("row", f);
+    if (pp->has_post) fputs(",label,score", f);
+    for (int i = 0; i < spec->n_outputs; i++) {
+        size_t n = (size_t)ep_shape_count(outputs[i].shape, outputs[i].ndim);
+        for (size_t j = 0; j < n; j++) fprintf(f, ",%s_%zu", spec->outputs[i].name, j);
+    }
+    fputc('\n', f);
+}
+
+int ep_predict_csv(const ep_model_spec *spec, const ep_prepost *pp, ep_engine *e, const char *text, size_t len,
+                   FILE *out, int as_csv, ep_status *st) {
+    if (spec->n_inputs != 1) return ep_fail(st, EP_ERR_INPUT, "CSV input needs a model with one input");
+    double *vals;
+    int rows, cols;
+    int rc = ep_csv_parse(text, len, &vals, &rows, &cols, st);
+    if (rc) return rc;
+    const ep_io_spec *in = &spec->inputs[0];
+    int64_t per = ep_shape_count(in->shape, in->ndim);
+    int per_run_rows = 0; /* rows per model run */
+    if (per == cols) per_run_rows = 1;
+    else if (per == (int64_t)cols * rows) per_run_rows = rows;
+    else {
+        free(vals);
+        char b[128];
+        ep_shape_str(in->shape, in->ndim, b, sizeof b);
+        return ep_fail(st, EP_ERR_INPUT, "CSV rows have %d values; input %s takes %s (%lld values per row)", cols,
+                       in->name, b, (long long)per);
+    }
+    ep_tensor inputs[1], outputs[64];
+    memset(outputs, 0, sizeof outputs);
+    if (as_csv == 0) fputc('[', out);
+    for (int r = 0; r < rows && !rc; r += per_run_rows) {
+        rc = ep_tensor_alloc(&inputs[0], in->dtype, in->ndim, in->shape, st);
+        if (rc) break;
+        for (int64_t j = 0; j < per; j++) set_num(&inputs[0], (size_t)j, vals[(size_t)r * cols + (size_t)j]);
+        rc = ep_alloc_outputs(spec, outputs, st);
+        if (!rc) rc = ep_engine_run(e, inputs, outputs, st);
+        if (!rc) {
+            if (as_csv == 1) {
+                if (r == 0) write_csv_header(out, spec, pp, outputs);
+                fprintf(out, "%d", r);
+                if (pp->has_post) {
+                    const ep_tensor *s = &outputs[pp->post_output];
+                    size_t n = (size_t)ep_shape_count(s->shape, s->ndim), b = 0;
+                    for (size_t i = 1; i < n; i++)
+                        if (get_num(s, i) > get_num(s, b)) b = i;
+                    fputc(',', out);
+                    if ((int)b < pp->n_labels) ep_json_string(out, pp->labels[b]);
+                    else fprintf(out, "%zu", b);
+                    fprintf(out, ",%.9g", get_num(s, b));
+                }
+                for (int i = 0; i < spec->n_outputs; i++) {
+                    size_t n = (size_t)ep_shape_count(outputs[i].shape, outputs[i].ndim);
+                    for (size_t j = 0; j < n; j++) fprintf(out, ",%.9g", get_num(&outputs[i], j));
+                }
+                fputc('\n', out);
+            } else {
+                fprintf(out, "%s{\"row\": %d, ", r && as_csv == 0 ? ", " : "", r);
+                ep_write_answer(out, spec, pp, outputs);
+                fputs(as_csv == 2 ? "}\n" : "}", out);
+            }
+        }
+        ep_tensor_free(&inputs[0]);
+        ep_free_tensors(outputs, spec->n_outputs);
+    }
+    if (as_csv == 0 && !rc) fputc(']', out);
+    free(vals);
+    return rc;
+}
