@@ -45,6 +45,7 @@ if [ -n "${LAB_ROOTFS:-}" ]; then
     mount -t overlay overlay -o "lowerdir=$LAB_ROOTFS,upperdir=$LAB_CHROOT_MNT/upper,workdir=$LAB_CHROOT_MNT/work" \
         "$LAB_CHROOT_MNT/root"
     mount --rbind /dev "$LAB_CHROOT_MNT/root/dev"
+    mount --rbind /sys "$LAB_CHROOT_MNT/root/sys"
     mount --rbind /proc "$LAB_CHROOT_MNT/root/proc"
     if [ -n "${LAB_CHROOT_TMPFS_DIR:-}" ]; then
         mkdir -p "$LAB_CHROOT_MNT/root$LAB_CHROOT_TMPFS_DIR"
