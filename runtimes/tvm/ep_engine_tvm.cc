@@ -20,6 +20,7 @@
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
 #include <tvm/runtime/memory/memory_manager.h>
 #include <tvm/runtime/tensor.h>
 
@@ -34,8 +35,8 @@ using tvm::runtime::Tensor;
 
 struct ep_engine {
     const ep_model_spec *spec;
-    ffi::Module vm;
-    ffi::Function entry;
+    ffi::Optional<ffi::Module> vm;   // (Module has no empty state of its own)
+    ffi::Optional<ffi::Function> entry;
 };
 
 extern "C" const char *ep_engine_describe(void) { return "tvm 0.27 relax VM (system library)"; }
@@ -126,7 +127,8 @@ extern "C" int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine 
         }
         // The system library's root module is the VM executable (with the kernels imported).
         e->vm = load.value()().cast<ffi::Module>();
-        auto init = e->vm->GetFunction("vm_initialization", false);
+        ffi::Module vm = e->vm.value();
+        auto init = vm->GetFunction("vm_initialization", false);
         if (!init.has_value()) {
             delete e;
             return ep_fail(st, EP_ERR_MODEL, "the embedded TVM module is not a relax VM");
@@ -135,7 +137,7 @@ extern "C" int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine 
         const int pooled = static_cast<int>(tvm::runtime::memory::AllocatorType::kPooled);
         init.value()(cpu, 0, pooled, cpu, 0, pooled);
         const char *entry = ep_option_get(spec, "tvm.entry", "main");
-        auto fn = e->vm->GetFunction(entry, false);
+        auto fn = vm->GetFunction(entry, false);
         if (!fn.has_value()) {
             delete e;
             return ep_fail(st, EP_ERR_MODEL, "the TVM VM has no function %s", entry);
@@ -167,7 +169,7 @@ extern "C" int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *o
         }
         std::vector<ffi::AnyView> views(args.begin(), args.end());
         ffi::Any result;
-        e->entry.CallPacked(views.data(), static_cast<int32_t>(views.size()), &result);
+        e->entry.value().CallPacked(views.data(), static_cast<int32_t>(views.size()), &result);
         if (auto arr = result.as<ffi::Array<ffi::Any>>()) {
             if (static_cast<int>(arr.value().size()) != spec->n_outputs)
                 return ep_fail(st, EP_ERR_MODEL, "the model returned %d outputs, the spec has %d",
