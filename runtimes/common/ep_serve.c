@@ -9,7 +9,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -273,24 +272,29 @@ int ep_serve(const ep_serve_opts *o, ep_status *st) {
         ep_prepost_free(&s.pp);
         return rc;
     }
-    struct addrinfo hints, *ai = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV;
-    char port[16];
-    snprintf(port, sizeof port, "%d", o->port);
-    int fd = -1;
-    if (getaddrinfo(o->host, port, &hints, &ai) != 0 || !ai) {
-        rc = ep_fail(st, EP_ERR_USAGE, "--host %s: not a numeric IP address", o->host);
+    struct sockaddr_in6 a6;
+    struct sockaddr_in a4;
+    memset(&a6, 0, sizeof a6);
+    memset(&a4, 0, sizeof a4);
+    int fd = -1, v6 = 0;
+    if (inet_pton(AF_INET, o->host, &a4.sin_addr) == 1) {
+        a4.sin_family = AF_INET;
+        a4.sin_port = htons((uint16_t)o->port);
+    } else if (inet_pton(AF_INET6, o->host, &a6.sin6_addr) == 1) {
+        a6.sin6_family = AF_INET6;
+        a6.sin6_port = htons((uint16_t)o->port);
+        v6 = 1;
     } else {
-        fd = socket(ai->ai_family, SOCK_STREAM, 0);
+        rc = ep_fail(st, EP_ERR_USAGE, "--host %s: not a numeric IP address", o->host);
+    }
+    if (!rc) {
+        fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
         int one = 1;
         if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0)
+        if (fd < 0 || bind(fd, v6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4, v6 ? sizeof a6 : sizeof a4) != 0 ||
+            listen(fd, 128) != 0)
             rc = ep_fail(st, EP_ERR_IO, "cannot listen on %s:%d: %s", o->host, o->port, strerror(errno));
     }
-    if (ai) freeaddrinfo(ai);
     if (!rc) {
         struct sockaddr_storage sa;
         socklen_t sl = sizeof sa;

@@ -1,0 +1,228 @@
+"""One Python API over every kind of model edgepack knows:
+
+    import edgepack
+    m = edgepack.load("dist/tiny_cnn-x86_64")    # an artifact (any backend; Arm ones run under qemu)
+    m = edgepack.load("tiny_cnn.onnx")            # the ONNX file, through onnxruntime (the reference)
+    m.inputs, m.outputs                           # TensorSpec(name, shape, dtype) tuples
+    m.predict(array | {name: array} | "cat.png")  # -> {output name: np.ndarray}
+    m.predict_batch([...])                        # -> list of those dicts
+    m.top(result)                                 # labelled top-k when the model has baked postprocessing
+
+An ONNX file with a ``MODEL.edgepack.toml`` next to it gets the same baked pre/post-processing as its
+artifacts. Arrays fed to a float32 input may be uint8 (raw pixels): they are converted like the
+artifact's runtime does. Files: images (when built with image preprocessing), .npy and JSON tensors.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from .errors import ArtifactError, EdgepackError, UsageError
+from .model import TensorSpec
+
+_DTYPES = {"float32", "float64", "int32", "int64", "uint8", "int8", "bool", "float16"}
+
+
+class InputError(EdgepackError):
+    """An input the model cannot take (wrong shape, undecodable file, ...)."""
+    exit_code = 12
+
+
+def load(path, *, threads: int = 1, qemu_cpu: str | None = None) -> "Model":
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"\x7fELF":
+        return ArtifactModel(path, threads=threads, qemu_cpu=qemu_cpu)
+    return OnnxModel(path)
+
+
+class Model:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    prepost: dict
+    kind: str
+    backend: str
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{s.name}:{'x'.join(map(str, s.shape))}:{s.dtype}" for s in self.inputs)
+        return f"<edgepack {self.kind} model {self.path.name} ({self.backend}) inputs [{ins}]>"
+
+    # -- inputs -----------------------------------------------------------------------------
+    def _as_dict(self, x) -> dict:
+        if isinstance(x, dict):
+            unknown = set(x) - {s.name for s in self.inputs}
+            if unknown:
+                raise InputError(f"unknown input(s) {sorted(unknown)}; the model's inputs: "
+                                 f"{[s.name for s in self.inputs]}")
+            missing = [s.name for s in self.inputs if s.name not in x]
+            if missing:
+                raise InputError(f"missing input(s) {missing}")
+            return {k: self._coerce(self._spec(k), v) for k, v in x.items()}
+        if len(self.inputs) != 1:
+            raise InputError(f"the model has {len(self.inputs)} inputs: pass a dict {{name: array}}")
+        return {self.inputs[0].name: self._coerce(self.inputs[0], x)}
+
+    def _spec(self, name: str) -> TensorSpec:
+        return next(s for s in self.inputs if s.name == name)
+
+    def _coerce(self, spec: TensorSpec, v) -> np.ndarray:
+        a = np.asarray(v)
+        want = tuple(int(d) for d in spec.shape)
+        pre = self.prepost.get("preprocess")
+        if pre and spec.name == pre["input"] and a.dtype == np.uint8 and a.ndim in (2, 3) and a.shape != want[1:]:
+            from .prepost import image_to_input
+            return image_to_input(a, pre)  # a decoded HxWxC image of any size
+        if a.size != int(np.prod(want)):
+            raise InputError(f"input {spec.name}: got shape {list(a.shape)}, the model takes {list(want)}")
+        return np.ascontiguousarray(a.reshape(want).astype(spec.dtype, copy=False))
+
+    def _top(self, result: dict) -> list[dict]:
+        from .prepost import topk_answer
+        post = self.prepost.get("postprocess")
+        if not post:
+            raise UsageError("this model has no baked postprocessing (build with --postprocess softmax,topk=K,...)")
+        return topk_answer(result[post["output"]], post)
+
+    def top(self, result: dict) -> list[dict]:
+        """[{index, label, score}, ...] for a predict() result of a model with baked postprocessing."""
+        return self._top(result)
+
+    def predict(self, x) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def predict_batch(self, xs: Iterable) -> list[dict[str, np.ndarray]]:
+        return [self.predict(x) for x in xs]
+
+
+class OnnxModel(Model):
+    """The reference: onnxruntime on the prepared graph (the same baking as the artifacts')."""
+    kind = "onnx"
+    backend = "onnxruntime"
+
+    def __init__(self, path: Path):
+        from .model import fix_input_shapes, load_model
+        from .prepost import bake_prepost, prepost_config_exists, prepost_of
+        self.path = path
+        model = fix_input_shapes(load_model(path), {})
+        if prepost_config_exists(path):
+            model = bake_prepost(model, path, None, None)
+        self.model = model
+        self.inputs, self.outputs = model.inputs, model.outputs
+        self.prepost = prepost_of(model.proto)
+        import onnxruntime as ort
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        self._sess = ort.InferenceSession(model.proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+    def predict(self, x) -> dict[str, np.ndarray]:
+        if isinstance(x, (str, Path)):
+            x = self._read_file(Path(x))
+        feeds = self._as_dict(x)
+        names = [o.name for o in self.outputs]
+        return dict(zip(names, self._sess.run(names, feeds)))
+
+    def _read_file(self, p: Path):
+        data = p.read_bytes()
+        if data[:6] == b"\x93NUMPY":
+            return np.load(p, allow_pickle=False)
+        if data.lstrip()[:1] in (b"[", b"{"):
+            obj = json.loads(data)
+            obj = obj.get("inputs", obj) if isinstance(obj, dict) else obj
+            return {k: np.asarray(v) for k, v in obj.items()} if isinstance(obj, dict) else np.asarray(obj)
+        if not self.prepost.get("preprocess"):
+            raise InputError(f"{p}: not .npy or JSON, and the model has no image preprocessing")
+        try:
+            from PIL import Image
+        except ImportError:
+            raise InputError("decoding images for the ONNX reference needs Pillow (pip install pillow)") from None
+        c = int(self.prepost["preprocess"]["channels"])
+        with Image.open(p) as im:
+            return np.asarray(im.convert("RGB" if c == 3 else "L"))
+
+
+class ArtifactModel(Model):
+    """An edgepack artifact, run here as a subprocess (under qemu-user for Arm)."""
+    kind = "artifact"
+
+    def __init__(self, path: Path, threads: int = 1, qemu_cpu: str | None = None):
+        from .runner import command_for
+        self.path = path.resolve()
+        self.threads = threads
+        sidecar = self.path.with_name(self.path.name + ".json")
+        if qemu_cpu is None and sidecar.is_file():
+            try:
+                qemu_cpu = json.loads(sidecar.read_text()).get("target", {}).get("qemu_cpu")
+            except (ValueError, AttributeError):
+                qemu_cpu = None
+        self._cmd = command_for(self.path, qemu_cpu)
+        proc = self._run(["info"])
+        try:
+            self.manifest = json.loads(proc.stdout)
+        except ValueError:
+            raise ArtifactError(f"{path}: not an edgepack artifact (info printed no manifest)") from None
+        spec = lambda d: TensorSpec(d["name"], tuple(d["shape"]), d["dtype"])  # noqa: E731
+        self.inputs = tuple(spec(d) for d in self.manifest["inputs"])
+        self.outputs = tuple(spec(d) for d in self.manifest["outputs"])
+        self.prepost = self.manifest.get("prepost", {})
+        self.backend = self.manifest.get("backend", {}).get("name", "?")
+
+    def _run(self, args: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run(self._cmd + args, capture_output=True, text=True, timeout=3600, errors="replace")
+        except OSError as exc:
+            raise ArtifactError(f"{self.path}: cannot run ({exc})") from None
+        if check and proc.returncode != 0:
+            msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            msg = msg[-1] if msg else f"exit {proc.returncode}"
+            if msg.startswith("error: "):
+                msg = msg[7:]
+            raise (InputError if proc.returncode == 3 else ArtifactError)(f"{self.path.name}: {msg}")
+        return proc
+
+    def predict(self, x) -> dict[str, np.ndarray]:
+        with tempfile.TemporaryDirectory(prefix="edgepack-sdk-") as tmp:
+            tmp = Path(tmp)
+            args = ["run", "--threads", str(self.threads), "--output", str(tmp / "out")]
+            if isinstance(x, (str, Path)):
+                args += ["--input", str(Path(x).resolve())]
+            else:
+                for i, (name, arr) in enumerate(self._as_dict(x).items()):
+                    np.save(tmp / f"in{i}.npy", arr)
+                    args += ["--input", f"{name}={tmp / f'in{i}.npy'}"]
+            report = json.loads(self._run(args).stdout)
+            return {name: np.load(info["file"]) for name, info in report["outputs"].items()}
+
+    def predict_batch(self, xs: Iterable) -> list[dict[str, np.ndarray]]:
+        """One artifact process for the whole batch (run --input-dir), for single-input models."""
+        xs = list(xs)
+        if len(self.inputs) != 1 or not xs:
+            return super().predict_batch(xs)
+        with tempfile.TemporaryDirectory(prefix="edgepack-sdk-") as tmp:
+            tmp = Path(tmp)
+            (tmp / "in").mkdir()
+            for i, x in enumerate(xs):
+                if isinstance(x, (str, Path)):
+                    src = Path(x)
+                    (tmp / "in" / f"{i:08d}{src.suffix.lower()}").write_bytes(src.read_bytes())
+                else:
+                    np.save(tmp / "in" / f"{i:08d}.npy", self._as_dict(x)[self.inputs[0].name])
+            self._run(["run", "--threads", str(self.threads), "--input-dir", str(tmp / "in"),
+                       "--output", str(tmp / "out.jsonl")])
+            lines = [json.loads(ln) for ln in (tmp / "out.jsonl").read_text().splitlines() if ln.strip()]
+        if len(lines) != len(xs):
+            raise ArtifactError(f"{self.path.name}: {len(lines)} results for {len(xs)} inputs")
+        out = []
+        for i, ln in enumerate(lines):
+            if "error" in ln:
+                raise InputError(f"batch item {i}: {ln['error']}")
+            out.append({name: np.array([np.nan if v is None else v for v in o["values"]], dtype=o["dtype"])
+                        .reshape(o["shape"]) for name, o in ln["outputs"].items()})
+        return out
