@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .cli import cli, err_console, out_console
-from .errors import DeployError, UsageError
+from .errors import DeployError
 
 _INVENTORY_HELP = """Devices: --device NAME (from --inventory or ~/.ssh/config), user@host[:port], or `local`;
 --tag TAG selects every inventory device with that tag. Host keys are checked against known_hosts."""
@@ -160,5 +160,3 @@ def smoke(ctx, bench, **kw):
     results = run_all(devs, lambda d: smoke_one(d, opts, bench), opts.parallel)
     _report("smoke", results, "smoke", kw["as_json"], "edgepack smoke" + (" --bench" if bench else ""))
 
-
-__all__ = ["deploy", "devices", "rollback", "smoke", "UsageError"]
