@@ -24,9 +24,19 @@ def test_flags_per_target():
     assert "-target" in x86 and "x86_64-linux-musl" in x86
 
 
-def test_wrappers_bake_the_target(tmp_path):
+def test_wrappers_bake_the_target_and_translate_march(tmp_path):
+    import subprocess
+    from edgepack.elf import read_elf
     tc, t = Toolchain.load(), TargetMatrix.load().get("arm64")
-    w = tc.write_wrappers(tmp_path, t, "generic")
+    w = tc.write_wrappers(tmp_path, t, "generic", {"-march=armv8.2-a+fp16"})
     text = w["c++"].read_text()
     assert "aarch64-linux-musl" in text and "-mcpu=generic" in text
     assert "-target" not in w["ar"].read_text()
+    src = tmp_path / "f.c"
+    # compiles only when the fp16 rewrite reached zig
+    src.write_text("#include <arm_neon.h>\nfloat16x8_t f(float16x8_t a, float16x8_t b) { return vaddq_f16(a, b); }\n")
+    subprocess.run([str(w["cc"]), "-march=armv8.2-a+fp16", "-c", str(src), "-o", str(tmp_path / "f.o")], check=True)
+    assert read_elf(tmp_path / "f.o").machine == "aarch64"
+    bad = subprocess.run([str(w["cc"]), "-march=armv9.9-a+magic", "-c", str(src), "-o", str(tmp_path / "g.o")],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "no zig spelling" in bad.stderr

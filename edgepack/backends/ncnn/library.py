@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tarfile
 import time
@@ -114,7 +115,7 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
         top = next((root / "extract").iterdir())
         top.rename(root / "src")
         shutil.rmtree(root / "extract")
-        wrappers = toolchain.write_wrappers(root / "toolchain", target, generic_cpu(target))
+        wrappers = toolchain.write_wrappers(root / "toolchain", target, generic_cpu(target), march_flags(root / "src"))
         _toolchain_file(root / "toolchain.cmake", target, wrappers)
         flags = f"-ffile-prefix-map={root}=/ncnn -ffunction-sections -fdata-sections -g0"
         cfg = ["cmake", "-S", root / "src", "-B", root / "build", "-G", "Ninja",
@@ -137,6 +138,15 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
         (root / "done.json").write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1),
                                                     "options": opts}, indent=1))
         return result
+
+
+def march_flags(src: Path) -> set[str]:
+    """Every -march=armv... spelling ncnn's CMake files pass (the wrappers translate them for zig)."""
+    found = set()
+    for f in [src / "CMakeLists.txt", *(src / "cmake").glob("*.cmake"), src / "src" / "CMakeLists.txt"]:
+        if f.is_file():
+            found |= set(re.findall(r"-march=armv[0-9.]+-a(?:\+[a-z0-9]+)*", f.read_text(errors="replace")))
+    return found
 
 
 def _trim_build_dir(build: Path) -> None:
