@@ -90,8 +90,13 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
             err = f"{r.max_abs_err:.2e} ≤ {r.bound:.1e}" if r.max_abs_err is not None else "-"
             table.add_row(r.target, r.backend or "-", str(r.path) if r.path else "-",
                           f"{r.size / 1e6:.2f} MB" if r.size else "-", err,
-                          "[green]PASS[/green]" if r.ok else f"[red]FAIL[/red] {escape(r.error or '')}")
+                          "[green]PASS[/green]" if r.ok else "[red]FAIL[/red]")
         out_console.print(table)
+        for r in results:
+            if not r.ok:
+                err_console.print(f"[red]{escape(r.target)}:[/red] {escape(r.error or '')}", soft_wrap=True)
+                if r.hint:
+                    err_console.print(f"[yellow]hint:[/yellow] {escape(r.hint)}", soft_wrap=True)
     failed = [r for r in results if not r.ok]
     if failed:
         codes = {r.exit_code for r in failed}
