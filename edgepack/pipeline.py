@@ -120,7 +120,8 @@ def backend_candidates(model: LoadedModel, target: Target, requested: str) -> li
     return out
 
 
-def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: Toolchain, precision: str) -> dict:
+def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: Toolchain, opts: BuildOptions) -> dict:
+    precision = opts.precision
     model = prep.model
     return {
         "schema": 1,
@@ -188,7 +189,7 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
             try:
                 engine = backend.compile(CompileRequest(model, target, opts.precision, workdir / "compile", tc,
                                                         lambda m: log(f"[{target.name}] {m}")))
-                manifest = manifest_for(prep, target, engine, tc, opts.precision)
+                manifest = manifest_for(prep, target, engine, tc, opts)
                 out_path = Path(opts.out_dir) / f"{model.name}-{target.name}"
                 staged = workdir / "artifact"
                 built: Bundled = bundle(BundleRequest(
