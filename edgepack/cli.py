@@ -103,6 +103,27 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
         raise SystemExit(codes.pop() if len(codes) == 1 else 1)
 
 
+@cli.command("verify-build")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--clean-cache", is_flag=True, help="Rebuild every library too, in a fresh cache (slow).")
+@click.option("--json", "as_json", is_flag=True)
+def verify_build_cmd(artifact, model, clean_cache, as_json):
+    """Rebuild ARTIFACT from MODEL with the options in its manifest and compare the bytes."""
+    from .reproduce import verify_build
+    res = verify_build(artifact, model, clean_cache=clean_cache, log=lambda m: err_console.print(f"[dim]{escape(m)}[/dim]"))
+    if as_json:
+        click.echo(json.dumps({"artifact": str(artifact), "identical": res.identical, "sha256": res.original_sha256,
+                               "rebuilt_sha256": res.rebuilt_sha256, "rebuilt": str(res.rebuilt_path)}))
+    elif res.identical:
+        out_console.print(f"[green]IDENTICAL[/green] {escape(str(artifact))} sha256={res.original_sha256}")
+    else:
+        out_console.print(f"[red]DIFFERENT[/red] {escape(str(artifact))} sha256={res.original_sha256} "
+                          f"rebuilt={res.rebuilt_sha256} ({escape(str(res.rebuilt_path))})")
+    if not res.identical:
+        raise SystemExit(8)
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path))

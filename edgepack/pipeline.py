@@ -139,6 +139,12 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
         "toolchain": {"name": tc.name, "package": tc.package, "version": tc.version},
         "golden_seed": GOLDEN_SEED,
         **prepost_manifest(model),  # baked pre/post-processing: read by the runtime
+        # everything else that determines the bytes (verify-build rebuilds from this)
+        "build": {"backend": engine.backend, "precision": precision,
+                  "input_shapes": {k: list(v) for k, v in sorted(opts.input_shapes.items())},
+                  "simplify": opts.simplify, "preprocess": opts.preprocess, "postprocess": opts.postprocess,
+                  "target_file_sha256": sha256_file(Path(target.source)) if target.source else None,
+                  "options": {k: v for k, v in sorted(engine.options.items())}},
     }
 
 

@@ -1,0 +1,80 @@
+"""`edgepack verify-build`: rebuild an artifact from its manifest and compare the bytes."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cache import sha256_file
+from .errors import ArtifactError, ModelError, TargetError
+from .runner import run_artifact
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    artifact: Path
+    original_sha256: str
+    rebuilt_sha256: str
+    rebuilt_path: Path
+
+    @property
+    def identical(self) -> bool:
+        return self.original_sha256 == self.rebuilt_sha256
+
+
+def read_manifest(artifact: Path) -> dict:
+    """The sidecar dist/<name>.json when present, else the artifact's own `info`."""
+    artifact = Path(artifact)
+    if not artifact.is_file():
+        raise ArtifactError(f"{artifact}: no such file")
+    sidecar = artifact.with_name(artifact.name + ".json")
+    if sidecar.is_file():
+        return json.loads(sidecar.read_text())
+    try:
+        proc = run_artifact(artifact, ["info"], timeout=120)
+        return json.loads(proc.stdout)
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{artifact}: not an edgepack artifact (no manifest)") from exc
+
+
+def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=print) -> Rebuild:
+    from .model import parse_shape_args
+    from .pipeline import BuildOptions, build
+    from .targets import TargetMatrix
+
+    manifest = read_manifest(artifact)
+    if "build" not in manifest:
+        raise ArtifactError(f"{artifact}: its manifest predates reproducible builds (no 'build' section)")
+    want_sha = manifest["model"]["sha256"]
+    if sha256_file(model) != want_sha:
+        raise ModelError(f"{model} is not the model {artifact.name} was built from (sha256 differs)",
+                         hint=f"the artifact was built from {manifest['model']['file']} with sha256 {want_sha[:16]}…")
+    b = manifest["build"]
+    target = TargetMatrix.load().get(manifest["target"]["name"])
+    if b.get("target_file_sha256") and sha256_file(Path(target.source)) != b["target_file_sha256"]:
+        raise TargetError(f"target file {target.source} changed since {artifact.name} was built",
+                          hint="rebuild with the target file the artifact was made with")
+    shapes = parse_shape_args([f"{k}={'x'.join(str(d) for d in v)}" for k, v in b.get("input_shapes", {}).items()])
+    with tempfile.TemporaryDirectory(prefix="edgepack-rebuild-") as tmp:
+        old_cache = os.environ.get("EDGEPACK_CACHE")
+        if clean_cache:
+            os.environ["EDGEPACK_CACHE"] = str(Path(tmp) / "cache")
+        try:
+            opts = BuildOptions(backend=b["backend"], precision=b["precision"], input_shapes=shapes,
+                                out_dir=Path(tmp) / "dist", verify=False, simplify=b.get("simplify", True),
+                                preprocess=b.get("preprocess"), postprocess=b.get("postprocess"))
+            results = build(model, [target], opts, log=log)
+        finally:
+            if clean_cache:
+                if old_cache is None:
+                    os.environ.pop("EDGEPACK_CACHE", None)
+                else:
+                    os.environ["EDGEPACK_CACHE"] = old_cache
+        res = results[0]
+        if not res.ok:
+            raise ArtifactError(f"rebuilding {artifact.name} failed: {res.error}")
+        keep = Path(tempfile.mkdtemp(prefix="edgepack-rebuilt-")) / res.path.name
+        res.path.replace(keep)
+        return Rebuild(Path(artifact), sha256_file(artifact), sha256_file(keep), keep)
