@@ -86,7 +86,8 @@ def main() -> int:
                 latencies += [r.latency_ms for r in deployed if r.latency_ms is not None]
         one, many = statistics.median(times[1]), statistics.median(times[args.devices])
         size = art.size
-        print(f"artifact: {art.name} ({size / 1e6:.2f} MB), devices: {args.kind}, rounds: {args.rounds}")
+        what = "real artifact" if args.artifact else "stand-in script"
+        print(f"artifact: {art.name} ({what}, {size / 1e6:.2f} MB), devices: {args.kind}, rounds: {args.rounds}")
         print(f"deploy+smoke, 1 device             : {one:6.2f} s  (runs: {', '.join(f'{t:.2f}' for t in times[1])})")
         print(f"deploy+smoke, {args.devices} devices, -j {args.devices:<4}: {many:6.2f} s  "
               f"(runs: {', '.join(f'{t:.2f}' for t in times[args.devices])})")
