@@ -20,6 +20,20 @@ struct ep_engine {
 
 const char *ep_engine_describe(void) { return "ncnn"; }
 
+/* ncnn sizes its OpenMP-emulation pool from /proc/cpuinfo; where that file is unreadable
+ * (seen in qemu-user chroots) the pool has one worker and parallel regions with barriers then
+ * compute wrong results. Never ask for more threads than ncnn itself can see. */
+static int ncnn_visible_cpus(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return 1;
+    char line[256];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "processor", 9) == 0) n++;
+    fclose(f);
+    return n > 0 ? n : 1;
+}
+
 static const char *indexed(const ep_model_spec *spec, const char *prefix, int i, const char *fallback) {
     char key[64];
     snprintf(key, sizeof key, "%s.%d", prefix, i);
@@ -33,7 +47,10 @@ int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_s
     if (!e) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
     e->spec = spec;
     e->opt = ncnn_option_create();
-    ncnn_option_set_num_threads(e->opt, threads > 0 ? threads : 1);
+    int visible = ncnn_visible_cpus();
+    if (threads < 1) threads = 1;
+    if (threads > visible) threads = visible;
+    ncnn_option_set_num_threads(e->opt, threads);
     ncnn_option_set_use_vulkan_compute(e->opt, 0);
     if (strcmp(ep_option_get(spec, "ncnn.fp32", "0"), "1") == 0) {
         ncnn_option_set_use_fp16_packed(e->opt, 0);
