@@ -16,9 +16,16 @@ from .targets import Target
 from .toolchains import Toolchain
 
 COMMON_SOURCES = ("ep_util.c", "ep_npy.c", "ep_cli.c", "ep_main.c", "ep_json.c", "ep_http.c", "ep_csv.c",
-                  "ep_image.c", "ep_predict.c", "ep_serve.c", "ep_batch.c", "ep_page.c")
-# ep_image.c includes stb_image.h from Debian's libstb-dev (a well-kept decoder, not vendored).
+                  "ep_predict.c", "ep_serve.c", "ep_batch.c", "ep_page.c")
+# ep_image.c includes stb_image.h from Debian's libstb-dev (a well-kept decoder, not vendored); only
+# artifacts with baked image preprocessing link it, the others a stub (ep_image_none.c, ~35 KB less).
 STB_INCLUDE_DIR = Path("/usr/include/stb")
+
+
+def image_sources(manifest: dict) -> tuple[str, ...]:
+    return ("ep_image.c",) if manifest.get("prepost", {}).get("preprocess") else ("ep_image_none.c",)
+
+
 _DTYPE_ENUM = {"float32": "EP_F32", "float64": "EP_F64", "int32": "EP_I32", "int64": "EP_I64",
                "uint8": "EP_U8", "int8": "EP_I8", "bool": "EP_BOOL", "float16": "EP_F16"}
 
@@ -153,14 +160,15 @@ def bundle(req: BundleRequest) -> Bundled:
     wd.mkdir(parents=True, exist_ok=True)
     asm, spec = generate_sources(req)
     common = runtimes_dir() / "common"
-    if not (STB_INCLUDE_DIR / "stb_image.h").is_file():
+    if "ep_image.c" in image_sources(req.manifest) and not (STB_INCLUDE_DIR / "stb_image.h").is_file():
         from .errors import ToolMissingError
         raise ToolMissingError(f"{STB_INCLUDE_DIR / 'stb_image.h'} is missing (the artifact's image decoder)",
                                hint="apt-get install libstb-dev")
     includes = [f"-I{common}", f"-I{STB_INCLUDE_DIR}"] + [f"-I{d}" for d in req.engine.include_dirs]
     prefix_maps = [f"-ffile-prefix-map={wd}=.", f"-ffile-prefix-map={runtimes_dir()}=runtimes"]
     objs = []
-    sources = [common / s for s in COMMON_SOURCES] + list(req.engine.sources) + [spec, asm]
+    sources = ([common / s for s in COMMON_SOURCES + image_sources(req.manifest)] + list(req.engine.sources)
+               + [spec, asm])
     for i, src in enumerate(sources):
         obj = wd / "obj" / f"{i:02d}-{src.stem}.o"
         obj.parent.mkdir(exist_ok=True)

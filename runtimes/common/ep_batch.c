@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+EP_SIZE_OPT_BEGIN
+
 #define EP_BATCH_MAX_FILE ((size_t)1 << 30)
 #define EP_BATCH_MAX_FILES 1000000
 
@@ -137,3 +139,5 @@ int ep_run_batch(const char *input_dir, const char *input_csv, const char *outpu
     ep_prepost_free(&pp);
     return rc;
 }
+
+EP_SIZE_OPT_END

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+EP_SIZE_OPT_BEGIN
+
 #define EP_CSV_MAX_COLS 65536
 
 /* Parses one field [s, e) as a number; 0 when it is not one. */
@@ -102,3 +104,5 @@ int ep_csv_parse(const char *s, size_t len, double **vals, int *rows, int *cols,
     *vals = v;
     return EP_OK;
 }
+
+EP_SIZE_OPT_END

@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+EP_SIZE_OPT_BEGIN
+
 static int is_tchar(unsigned char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
            (c && strchr("!#$%&'*+-.^_`|~", c));
@@ -109,3 +111,5 @@ int ep_http_parse(const char *buf, size_t len, ep_http_req *r) {
     if (r->chunked && r->content_length >= 0) return -400; /* request smuggling shape */
     return (int)end;
 }
+
+EP_SIZE_OPT_END

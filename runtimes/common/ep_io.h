@@ -14,6 +14,15 @@
 
 #include "ep_runtime.h"
 
+/* Code off the inference path (parsers, server, batch) is compiled for size whatever the build's -O. */
+#if defined(__clang__)
+#define EP_SIZE_OPT_BEGIN _Pragma("clang attribute push(__attribute__((minsize)), apply_to = function)")
+#define EP_SIZE_OPT_END _Pragma("clang attribute pop")
+#else
+#define EP_SIZE_OPT_BEGIN
+#define EP_SIZE_OPT_END
+#endif
+
 /* ---- JSON ------------------------------------------------------------------------------- */
 typedef enum { EP_JNULL, EP_JBOOL, EP_JNUM, EP_JSTR, EP_JARR, EP_JOBJ } ep_jtype;
 typedef struct {

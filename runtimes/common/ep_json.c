@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+EP_SIZE_OPT_BEGIN
+
 typedef struct {
     const char *s;
     size_t len, pos;
@@ -244,3 +246,5 @@ int ep_json_at(const ep_json *d, int arr, int i) {
     while (c >= 0 && i-- > 0) c = d->nodes[c].next;
     return c;
 }
+
+EP_SIZE_OPT_END

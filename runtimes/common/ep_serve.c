@@ -19,6 +19,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+EP_SIZE_OPT_BEGIN
+
 #define IO_TIMEOUT_S 5
 
 typedef struct {
@@ -337,3 +339,5 @@ int ep_serve(const ep_serve_opts *o, ep_status *st) {
     ep_prepost_free(&s.pp);
     return rc;
 }
+
+EP_SIZE_OPT_END
