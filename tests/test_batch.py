@@ -31,7 +31,7 @@ def test_input_dir_to_jsonl_with_bad_files(tmp_path):
     by = {ln["file"]: ln for ln in lines}
     assert "cannot decode the image" in by["broken.jpg"]["error"]
     assert "unrecognised file" in by["notes.txt"]["error"]
-    assert "got shape [3]" in by["wrong.json"]["error"]
+    assert "shape [3], the model needs [1,64,64,3]" in by["wrong.json"]["error"]
     for name in imgs:
         assert by[name]["top"][0]["label"] in LABELS and len(by[name]["outputs"]["scores"]["values"]) == 10
     # the ONNX reference through `edgepack run` gives the same top-1 for every good file

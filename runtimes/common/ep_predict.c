@@ -172,18 +172,18 @@ static void set_num(ep_tensor *t, size_t i, double v) {
     }
 }
 
+static int is_int_dtype(ep_dtype t) { return t == EP_U8 || t == EP_I8 || t == EP_I32 || t == EP_I64 || t == EP_BOOL; }
+
 int ep_coerce_input(const ep_io_spec *spec, ep_tensor *t, ep_status *st) {
     int64_t want = ep_shape_count(spec->shape, spec->ndim), have = ep_shape_count(t->shape, t->ndim);
     if (want != have) {
         char a[128], b[128];
         ep_shape_str(t->shape, t->ndim, a, sizeof a);
         ep_shape_str(spec->shape, spec->ndim, b, sizeof b);
-        return ep_fail(st, EP_ERR_INPUT, "input %s: got shape %s, the model takes %s", spec->name, a, b);
+        return ep_fail(st, EP_ERR_INPUT, "input %s: shape %s, the model needs %s", spec->name, a, b);
     }
-    if (t->dtype == EP_F16 || spec->dtype == EP_F16) {
-        if (t->dtype != spec->dtype)
-            return ep_fail(st, EP_ERR_INPUT, "input %s: float16 data must match the model's dtype", spec->name);
-    } else if (t->dtype != spec->dtype) { /* e.g. uint8 pixels into a float32 input (ncnn takes float32) */
+    if (t->dtype != spec->dtype && is_int_dtype(t->dtype) && (spec->dtype == EP_F32 || spec->dtype == EP_F64)) {
+        /* integer data (e.g. uint8 pixels) into a float input: exact, and ncnn takes float32 only */
         ep_tensor c;
         int rc = ep_tensor_alloc(&c, spec->dtype, spec->ndim, spec->shape, st);
         if (rc) return rc;
@@ -192,8 +192,10 @@ int ep_coerce_input(const ep_io_spec *spec, ep_tensor *t, ep_status *st) {
         *t = c;
     }
     /* same element count: take the model's shape (e.g. [3,64,64] for [1,3,64,64]) */
-    t->ndim = spec->ndim;
-    memcpy(t->shape, spec->shape, sizeof t->shape);
+    if (t->dtype == spec->dtype) {
+        t->ndim = spec->ndim;
+        memcpy(t->shape, spec->shape, sizeof t->shape);
+    }
     return ep_check_input(spec, t, st);
 }
 
