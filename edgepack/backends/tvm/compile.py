@@ -87,7 +87,7 @@ def apply_database(mod, tvm_target, db_dir: Path):
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
-    database = ms.database.JSONDatabase(work_dir=str(db_dir), allocate_if_not_exist=False)
+    database = ms.database.JSONDatabase(work_dir=str(db_dir), module_equality="structural")
     with tvm_target, database, tvm.transform.PassContext(opt_level=3):
         return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
 
