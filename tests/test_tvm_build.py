@@ -1,0 +1,202 @@
+"""End to end with the TVM backend: real relax builds, real zig links, the artifacts run natively
+(x86_64) and under qemu-aarch64 (arm64) and are compared with onnxruntime; --backend auto picks
+TVM for ops NCNN lacks and NCNN for ops TVM lacks, saying why; a tuning round trip."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import REPO, run_edgepack
+from edgepack.errors import BuildError
+from edgepack.runner import command_for
+from models import topk_model
+
+QEMU_CPU = {"x86_64": None, "arm64": "cortex-a53"}
+RUNTIME_BYTES_GOAL = {"arm64": 3_000_000}
+
+
+def _run(artifact, args, target):
+    return subprocess.run(command_for(artifact, QEMU_CPU[target]) + args, capture_output=True, text=True, timeout=600)
+
+
+def _build(model, *args):
+    proc = run_edgepack("build", str(model), "--json", *args)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"no JSON report (exit {proc.returncode}): {proc.stderr[-3000:]}")
+    return proc, report
+
+
+@pytest.fixture(scope="module")
+def tvm_artifacts(tiny_cnn, tmp_path_factory):
+    dist = tmp_path_factory.mktemp("dist-tvm")
+    proc, report = _build(tiny_cnn, "--target", "x86_64,arm64", "--backend", "tvm", "--out", str(dist))
+    assert proc.returncode == 0 and report["ok"], proc.stderr[-3000:]
+    return {r["target"]: r for r in report["results"]}, dist
+
+
+@pytest.mark.parametrize("target", ["x86_64", "arm64"])
+def test_tiny_cnn_matches_onnxruntime(tvm_artifacts, tiny_cnn, target, tmp_path):
+    results, dist = tvm_artifacts
+    res = results[target]
+    assert res["backend"] == "tvm" and res["max_abs_err"] <= 1e-5  # fp32 compute: far below the bound
+    art = dist / f"tiny_cnn-{target}"
+    x = np.random.default_rng(123).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    proc = _run(art, ["run", "--input", f"image={tmp_path / 'x.npy'}", "--output", str(tmp_path / "out"),
+                      "--threads", "2"], target)
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(json.loads(proc.stdout)["outputs"]["logits"]["file"])
+    sess = ort.InferenceSession(str(tiny_cnn), providers=["CPUExecutionProvider"])
+    want = sess.run(["logits"], {"image": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["x86_64", "arm64"])
+def test_selftest_info_and_size(tvm_artifacts, target):
+    results, dist = tvm_artifacts
+    art = dist / f"tiny_cnn-{target}"
+    st = _run(art, ["selftest", "--json"], target)
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert json.loads(st.stdout)["backend"] == "tvm"
+    info = _run(art, ["info"], target)
+    assert info.returncode == 0, info.stderr
+    manifest = json.loads(info.stdout)
+    assert manifest["backend"]["name"] == "tvm"
+    assert manifest["backend"]["tuned"] is False and "untuned" in manifest["backend"]["pipeline"]
+    assert manifest["backend"]["target"]["mtriple"].startswith({"x86_64": "x86_64", "arm64": "aarch64"}[target])
+    runtime_bytes = results[target]["runtime_bytes"]
+    assert 0 < runtime_bytes < results[target]["size"]
+    if target in RUNTIME_BYTES_GOAL:
+        assert runtime_bytes <= RUNTIME_BYTES_GOAL[target], runtime_bytes
+
+
+def test_bad_input_is_an_error_not_a_crash(tvm_artifacts, tmp_path):
+    _, dist = tvm_artifacts
+    np.save(tmp_path / "bad.npy", np.zeros((1, 3, 32, 32), np.float32))
+    proc = _run(dist / "tiny_cnn-x86_64", ["run", "--input", f"image={tmp_path / 'bad.npy'}"], "x86_64")
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+
+
+def where_model(path):
+    """x -> Where(x > 0, x, 0.1 * x) -> CumSum: two more ops NCNN cannot build."""
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["pos"], name="gt"),
+             helper.make_node("Mul", ["x", "slope"], ["leak"], name="mul"),
+             helper.make_node("Where", ["pos", "x", "leak"], ["y"], name="where"),
+             helper.make_node("CumSum", ["y", "axis"], ["out"], name="cumsum")]
+    inits = [numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(0.1, np.float32), "slope"),
+             numpy_helper.from_array(np.array(1, np.int64), "axis")]
+    graph = helper.make_graph(nodes, "where", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 8])], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def gru_model(path):
+    """A GRU: NCNN builds it, the relax ONNX frontend has no converter for it."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array((rng.standard_normal((1, 3 * 8, 4)) * 0.3).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((1, 3 * 8, 8)) * 0.3).astype(np.float32), "R"),
+             numpy_helper.from_array((rng.standard_normal((1, 6 * 8)) * 0.1).astype(np.float32), "B")]
+    nodes = [helper.make_node("GRU", ["x", "W", "R", "B"], ["y", "h"], hidden_size=8, name="gru")]
+    graph = helper.make_graph(nodes, "gru", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, 4])],
+                              [helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 1, 8])], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+@pytest.mark.parametrize("make", [topk_model, where_model])
+def test_auto_uses_tvm_for_ops_ncnn_lacks(make, tmp_path):
+    model = make(tmp_path / f"{make.__name__}.onnx")
+    proc, report = _build(model, "--target", "x86_64", "--out", str(tmp_path / "dist"))
+    assert proc.returncode == 0 and report["ok"], proc.stderr[-3000:]
+    res = report["results"][0]
+    assert res["backend"] == "tvm"
+    lacking = "TopK" if make is topk_model else "CumSum"
+    assert any("skipped" in n and "ncnn" in n and lacking in n for n in res["notes"]), res["notes"]
+    manifest = json.loads((tmp_path / "dist" / f"{model.stem}-x86_64.json").read_text())
+    assert manifest["backend_choice"]["used"] == "tvm"
+    assert any(lacking in r for r in manifest["backend_choice"]["skipped"])
+
+
+def test_auto_falls_back_to_ncnn_when_tvm_cannot_import(tmp_path):
+    model = gru_model(tmp_path / "gru.onnx")
+    tdir = tmp_path / "targets"
+    tdir.mkdir()
+    text = (REPO / "targets" / "x86_64.toml").read_text()
+    text = text.replace('name = "x86_64"', 'name = "x86_64-tvm-first"').replace(
+        'backends = ["ncnn", "tvm"]', 'backends = ["tvm", "ncnn"]')
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("aliases"))
+    (tdir / "x86_64-tvm-first.toml").write_text(text + "\n")
+    proc, report = _build(model, "--target", "x86_64-tvm-first", "--targets-dir", str(tdir), "--fp32",
+                          "--out", str(tmp_path / "dist"))
+    assert proc.returncode == 0 and report["ok"], proc.stderr[-3000:]
+    res = report["results"][0]
+    assert res["backend"] == "ncnn"
+    assert any("tvm" in n and "GRU" in n for n in res["notes"]), res["notes"]
+
+
+def test_import_failure_is_a_build_error(tmp_path):
+    """Past the op table (e.g. an op the table lists but the frontend rejects for this model),
+    a TVM import failure is a BuildError, which `auto` treats as 'try the next backend'."""
+    from edgepack.backends.tvm.compile import import_onnx
+    from edgepack.model import load_model
+    model = load_model(gru_model(tmp_path / "gru.onnx"))
+    with pytest.raises(BuildError, match="TVM could not import the model.*GRU"):
+        import_onnx(model)
+
+
+def test_tuning_round_trip(tiny_cnn, tmp_path):
+    """tune writes a database; the next build finds it by model+target and stays correct."""
+    from edgepack.backends.tvm.tuning import default_db_dir, is_database
+    from edgepack.model import fix_input_shapes, load_model, parse_shape_args, simplify
+    from edgepack.targets import TargetMatrix
+    shape = "image=1x3x32x32"  # a model of its own: no other test meets this database
+    prepared = simplify(fix_input_shapes(load_model(tiny_cnn), parse_shape_args([shape])))
+    db = default_db_dir(prepared, TargetMatrix.load().get("x86_64"))
+    shutil.rmtree(db, ignore_errors=True)
+    try:
+        proc = run_edgepack("tune", str(tiny_cnn), "--target", "x86_64", "--trials", "2", "--input-shape", shape,
+                            "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        summary = json.loads(proc.stdout)
+        assert summary["records"] >= 1 and summary["database"] == str(db) and is_database(db)
+        meta = json.loads((db / "meta.json").read_text())
+        assert meta["trials"] == 2 and meta["proxy"] is False
+        build, report = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--input-shape", shape,
+                               "--out", str(tmp_path / "dist"))
+        assert build.returncode == 0 and report["ok"], build.stderr[-3000:]
+        assert "tuning database" in build.stderr and db.name in build.stderr
+        manifest = json.loads((tmp_path / "dist" / "tiny_cnn-x86_64.json").read_text())
+        assert manifest["backend"]["tuned"] is True and manifest["backend"]["tuning_db"] == db.name
+        assert manifest["verification"]["max_abs_err"] <= 1e-5
+        # The same database shared explicitly (--tuning-db), e.g. copied to another machine.
+        shared = tmp_path / "shared-db"
+        shutil.copytree(db, shared)
+        build2, report2 = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--input-shape", shape,
+                                 "--tuning-db", str(shared), "--out", str(tmp_path / "dist2"), "--no-verify")
+        assert build2.returncode == 0 and report2["ok"], build2.stderr[-3000:]
+        assert str(shared) in build2.stderr
+    finally:
+        shutil.rmtree(db, ignore_errors=True)
+
+
+def test_missing_tuning_db_is_a_clear_error(tiny_cnn, tmp_path):
+    proc, report = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--tuning-db", str(tmp_path / "nope"),
+                          "--no-verify", "--out", str(tmp_path / "dist"))
+    assert proc.returncode != 0 and not report["ok"]
+    assert "tuning database" in report["results"][0]["error"]
