@@ -64,15 +64,16 @@ def _add_tuning_db_option() -> None:
     build = cli.commands.get("build")
     if build is None or any(p.name == "tuning_db" for p in build.params):
         return
-    build.params.append(click.Option(["--tuning-db"], "tuning_db", type=click.Path(path_type=Path), default=None,
-                                     help="TVM: use this MetaSchedule database (from `edgepack tune --out-db`)."))
+    build.params.append(click.Option(["--tuning-db", "tuning_db"], default=None, metavar="PATH|off",
+                                     help="TVM: use this MetaSchedule database (from `edgepack tune --out-db`); "
+                                          "'off' builds untuned even when `edgepack tune` left one in the cache."))
     inner = build.callback
 
     def callback(*args, tuning_db=None, **kwargs):
         if tuning_db is None:
             return inner(*args, **kwargs)
         old = os.environ.get("EDGEPACK_TUNING_DB")
-        os.environ["EDGEPACK_TUNING_DB"] = str(Path(tuning_db).resolve())
+        os.environ["EDGEPACK_TUNING_DB"] = tuning_db if tuning_db == "off" else str(Path(tuning_db).resolve())
         try:
             return inner(*args, **kwargs)
         finally:

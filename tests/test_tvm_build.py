@@ -38,7 +38,9 @@ def _build(model, *args):
 @pytest.fixture(scope="module")
 def tvm_artifacts(tiny_cnn, tmp_path_factory):
     dist = tmp_path_factory.mktemp("dist-tvm")
-    proc, report = _build(tiny_cnn, "--target", "x86_64,arm64", "--backend", "tvm", "--out", str(dist))
+    # "off": untuned whatever `edgepack tune` may have left in this machine's cache.
+    proc, report = _build(tiny_cnn, "--target", "x86_64,arm64", "--backend", "tvm", "--tuning-db", "off",
+                          "--out", str(dist))
     assert proc.returncode == 0 and report["ok"], proc.stderr[-3000:]
     return {r["target"]: r for r in report["results"]}, dist
 
@@ -170,6 +172,12 @@ def test_tuning_round_trip(tiny_cnn, tmp_path):
     db = default_db_dir(prepared, TargetMatrix.load().get("x86_64"))
     shutil.rmtree(db, ignore_errors=True)
     try:
+        before, report0 = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--input-shape", shape,
+                                 "--no-verify", "--out", str(tmp_path / "dist0"))
+        assert before.returncode == 0 and report0["ok"], before.stderr[-3000:]
+        assert "no tuning database" in before.stderr and "untuned" in before.stderr
+        manifest0 = json.loads((tmp_path / "dist0" / "tiny_cnn-x86_64.json").read_text())
+        assert manifest0["backend"]["tuned"] is False
         proc = run_edgepack("tune", str(tiny_cnn), "--target", "x86_64", "--trials", "2", "--input-shape", shape,
                             "--json")
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -52,6 +52,8 @@ def is_database(path: Path) -> bool:
 def find_database(model: LoadedModel, target: Target) -> tuple[Path | None, str]:
     """(database folder or None, why) for a build."""
     env = os.environ.get("EDGEPACK_TUNING_DB")
+    if env == "off":
+        return None, "tuning database switched off (--tuning-db off): untuned fused pipeline"
     if env:
         p = Path(env)
         if not is_database(p):
