@@ -6,6 +6,7 @@ the model) and a small tabular MLP for CSV.
 """
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
@@ -40,6 +41,7 @@ topk = 3
 labels = "labels.txt"
 """
 _ROOT = Path(tempfile.mkdtemp(prefix="edgepack-prepost-tests-"))
+atexit.register(shutil.rmtree, _ROOT, True)
 _CACHE: dict = {}
 
 
