@@ -32,9 +32,17 @@ NCNN_SDIST = PinnedSource("ncnn", "ncnn-1.0.20261020.tar.gz",
 
 
 def index_url() -> str:
-    env = os.environ.get("PIP_INDEX_URL")
-    if env:
-        return env
+    for var in ("EDGEPACK_INDEX_URL", "PIP_INDEX_URL"):
+        if os.environ.get(var):
+            return os.environ[var]
+    if getattr(sys, "frozen", False):
+        # A frozen edgepack has no pip: read pip's configuration files the way pip does.
+        found = _pip_config_index_url()
+        if found:
+            return found
+        raise BuildError("no package index configured to download the ncnn source from",
+                         hint="set EDGEPACK_INDEX_URL (or PIP_INDEX_URL) to your index's simple URL, or "
+                              f"EDGEPACK_NCNN_SDIST=/path/to/{NCNN_SDIST.filename}")
     try:
         out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
                              timeout=60).stdout
@@ -46,6 +54,29 @@ def index_url() -> str:
             return value.strip().strip("'\"")
     from pip._internal.models.index import PyPI  # pip's own default, never a literal host here
     return PyPI.simple_url
+
+
+def _pip_config_index_url() -> str | None:
+    """``index-url`` from pip's config files (site, user, PIP_CONFIG_FILE; later ones win)."""
+    import configparser
+    home = Path.home()
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(home / ".config")
+    files = [Path("/etc/pip.conf")]
+    files += [Path(d) / "pip" / "pip.conf" for d in os.environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":") if d]
+    files += [home / ".pip" / "pip.conf", Path(xdg) / "pip" / "pip.conf"]
+    if os.environ.get("PIP_CONFIG_FILE"):
+        files.append(Path(os.environ["PIP_CONFIG_FILE"]))
+    found = None
+    for f in files:
+        cp = configparser.RawConfigParser()
+        try:
+            cp.read(f)
+        except (OSError, configparser.Error):
+            continue
+        for section in ("global", "download", "install"):
+            if cp.has_option(section, "index-url"):
+                found = cp.get(section, "index-url").strip().strip("'\"")
+    return found
 
 
 def fetch(src: PinnedSource) -> Path:

@@ -95,8 +95,11 @@ class Toolchain:
         raise ToolMissingError("no llvm-strip found", hint="apt-get install llvm")
 
     def zig(self) -> list[str]:
-        """The zig executable inside the Python package (no Python start-up per compile, and it
-        works the same from a frozen edgepack)."""
+        """The zig executable inside the Python package (no Python start-up per compile). A frozen
+        edgepack carries the package in its tools archive, unpacked once into the cache."""
+        frozen = frozen_tool_dir(self.python_module)
+        if frozen is not None:
+            return [str(frozen / "zig")]
         spec = importlib.util.find_spec(self.python_module)
         if spec is None or not spec.submodule_search_locations:
             raise ToolMissingError(f"toolchain {self.name}: Python package {self.package} is not installed",
@@ -181,3 +184,49 @@ class Toolchain:
 
 def generic_cpu(target: Target) -> str:
     return {"x86_64": "x86_64", "aarch64": "generic", "arm": "generic"}[target.arch]
+
+
+# ---- frozen (PyInstaller one-file) edgepack ---------------------------------------------------
+# packaging/edgepack.spec bundles zig and pnnx (~500 MB unpacked) as one pre-compressed archive,
+# edgepack_tools/tools.tar.gz, with edgepack_tools/tools.json ({"sha256", "packages": {...}}).
+# A one-file binary re-extracts everything it bundles at every start, so the archive is unpacked
+# once per cache into <cache>/tools/<sha256[:16]>/ instead of 500 MB per run.
+
+def frozen_tool_dir(package: str) -> Path | None:
+    """In a frozen edgepack: the unpacked folder of ``package`` (e.g. ziglang, pnnx); else None."""
+    base = getattr(sys, "_MEIPASS", None)
+    if not getattr(sys, "frozen", False) or base is None:
+        return None
+    bundle = Path(base) / "edgepack_tools"
+    info_path = bundle / "tools.json"
+    if not info_path.is_file():
+        raise ToolMissingError(f"this frozen edgepack has no tools archive ({info_path})",
+                               hint="rebuild it with scripts/freeze.sh")
+    import json
+    info = json.loads(info_path.read_text())
+    if package not in info["packages"]:
+        raise ToolMissingError(f"this frozen edgepack does not carry {package}")
+    dest = cache_root() / "tools" / info["sha256"][:16]
+    if not (dest / ".complete").is_file():
+        from .cache import locked
+        with locked(cache_root() / "locks" / f"tools-{info['sha256'][:16]}.lock"):
+            if not (dest / ".complete").is_file():
+                _unpack_tools(bundle / "tools.tar.gz", info["sha256"], dest)
+    return dest / package
+
+
+def _unpack_tools(archive: Path, sha256: str, dest: Path) -> None:
+    import tarfile
+    from .cache import sha256_file
+    if sha256_file(archive) != sha256:
+        raise BuildError(f"{archive}: the bundled tools archive is damaged (sha256 mismatch)")
+    part = dest.with_name(dest.name + ".part")
+    if part.exists():
+        shutil.rmtree(part)
+    if dest.exists():
+        shutil.rmtree(dest)
+    part.mkdir(parents=True)
+    with tarfile.open(archive, "r:gz") as tar:
+        tar.extractall(part, filter="data")
+    (part / ".complete").write_text(sha256 + "\n")
+    part.rename(dest)

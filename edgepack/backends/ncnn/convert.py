@@ -22,6 +22,10 @@ PNNX_VERSION = "20261020"
 
 
 def pnnx_executable() -> Path:
+    from ...toolchains import frozen_tool_dir
+    frozen = frozen_tool_dir("pnnx")  # a frozen edgepack's own copy, unpacked once into the cache
+    if frozen is not None:
+        return frozen / "pnnx"
     spec = importlib.util.find_spec("pnnx")
     if spec is None or not spec.submodule_search_locations:
         raise ToolMissingError("pnnx is not installed",
