@@ -193,13 +193,24 @@ def simplify(model: LoadedModel) -> LoadedModel:
     import onnxsim
     try:
         simplified, ok = onnxsim.simplify(model.proto)
+        # onnxsim's optimizer fuses attention into onnxruntime-only contrib ops (com.microsoft.
+        # Attention) that no edge backend has: then keep to folding and shape inference.
+        new_domains = _domains(simplified) - _domains(model.proto)
+        extra = ""
+        if new_domains:
+            simplified, ok = onnxsim.simplify(model.proto, perform_optimization=False)
+            extra = f" (optimizer passes off: they introduced {', '.join(sorted(new_domains))} ops)"
     except Exception as exc:  # onnxsim raises plain RuntimeError/ValueError/... from C++
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         return _with(model, model.proto, f"onnxsim failed ({reason}); using the unsimplified graph")
     if not ok:
         return _with(model, model.proto, "onnxsim could not validate its result; using the unsimplified graph")
     before, after = len(model.proto.graph.node), len(simplified.graph.node)
-    return _with(model, simplified, f"onnxsim: {before} -> {after} nodes")
+    return _with(model, simplified, f"onnxsim: {before} -> {after} nodes{extra}")
+
+
+def _domains(proto) -> set[str]:
+    return {n.domain for n in proto.graph.node if n.domain not in ("", "ai.onnx")}
 
 
 def _with(model: LoadedModel, proto, note: str) -> LoadedModel:

@@ -68,11 +68,28 @@ def mobilenet_v2_like(path: Path, width: float = 0.5, size: int = 96) -> Path:
 
 
 def transformer_block(path: Path, d: int = 64, heads: int = 4, seq: int = 16) -> Path:
-    """One TransformerEncoderLayer (self-attention + MLP + LayerNorm), as exported by torch."""
+    """A post-norm transformer encoder block: multi-head self-attention written out (q/k/v
+    projections, scaled dot-product, softmax), residuals, LayerNorm, GELU MLP."""
     torch = _torch()
-    torch.backends.mha.set_fastpath_enabled(False)
-    layer = torch.nn.TransformerEncoderLayer(d, heads, dim_feedforward=4 * d, dropout=0.0, batch_first=True).eval()
-    torch.onnx.export(layer, (torch.randn(1, seq, d),), str(path), opset_version=17, dynamo=False,
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+            self.proj = nn.Linear(d, d)
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x):
+            b, s, _ = x.shape  # heads split as 4-D tensors: ncnn has no 5-D blobs
+            q, k, v = (f(x).reshape(b, s, heads, d // heads).transpose(1, 2) for f in (self.q, self.k, self.v))
+            att = torch.softmax(q @ k.transpose(-2, -1) * (d // heads) ** -0.5, dim=-1)
+            y = (att @ v).transpose(1, 2).reshape(b, s, d)
+            x = self.ln1(x + self.proj(y))
+            return self.ln2(x + self.mlp(x))
+
+    torch.onnx.export(Block().eval(), (torch.randn(1, seq, d),), str(path), opset_version=17, dynamo=False,
                       input_names=["tokens"], output_names=["hidden"])
     return path
 
