@@ -77,6 +77,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=64, help="MetaSchedule trials per model (0: skip tuning)")
     ap.add_argument("--models", default="mobilenet,transformer")
+    ap.add_argument("--tune-baseline", action="store_true",
+                    help="also tune for the shipped x86-64-baseline target (default: only x86-64-v3)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "backends.json")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="edgepack-bench-"))
@@ -98,7 +100,7 @@ def main() -> None:
             engines[label] = path
             builds[label] = {"build_seconds": round(secs, 1), "size": res["size"], "runtime_bytes": res["runtime_bytes"]}
         if args.trials:
-            for target in ("x86_64", "x86_64-v3"):
+            for target in (("x86_64", "x86_64-v3") if args.tune_baseline else ("x86_64-v3",)):
                 db = work / f"db-{name}-{target}"
                 t0 = time.monotonic()
                 edgepack("tune", str(model), "--target", target, "--trials", str(args.trials), "--out-db", str(db),
