@@ -13,6 +13,8 @@ from rich.table import Table
 from . import __version__
 from .errors import EdgepackError
 
+BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
+
 err_console = Console(stderr=True, highlight=False)
 out_console = Console(highlight=False)
 
@@ -80,7 +82,9 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
 
     results = run_build(model, targets, opts, log=log, on_result=on_result)
     if as_json:
-        click.echo(json.dumps({"model": str(model), "results": [r.to_json() for r in results],
+        # Schema: docs/build-result.schema.json (bump BUILD_JSON_SCHEMA_VERSION on incompatible changes)
+        click.echo(json.dumps({"schema_version": BUILD_JSON_SCHEMA_VERSION, "edgepack_version": __version__,
+                               "model": str(model), "results": [r.to_json() for r in results],
                                "ok": all(r.ok for r in results)}, indent=1))
     else:
         table = Table(title=f"edgepack build {model}")

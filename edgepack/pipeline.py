@@ -81,7 +81,8 @@ class TargetResult:
                 "file": str(self.path) if self.path else None, "size": self.size,
                 "runtime_bytes": self.size - self.weight_bytes if self.size else None,
                 "max_abs_err": self.max_abs_err, "bound": self.bound, "seconds": round(self.seconds, 2),
-                "error": self.error, "hint": self.hint, "exit_code": self.exit_code, "notes": list(self.notes)}
+                "error": self.error, "hint": self.hint, "exit_code": self.exit_code, "notes": list(self.notes),
+                "sha256": sha256_file(self.path) if self.ok and self.path and Path(self.path).is_file() else None}
 
 
 # ---- stages --------------------------------------------------------------------------------
