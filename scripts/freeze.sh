@@ -19,4 +19,5 @@ start=$(date +%s)
     --log-level "${FREEZE_LOG_LEVEL:-WARN}"
 end=$(date +%s)
 size=$(stat -c %s "$OUT/edgepack")
-echo "freeze: $OUT/edgepack $((size / 1000000)) MB in $((end - start)) s"
+glibc="$("$PY" packaging/glibc_needed.py "$OUT/edgepack")"
+echo "freeze: $OUT/edgepack $((size / 1000000)) MB in $((end - start)) s; needs glibc >= $glibc"
