@@ -106,15 +106,16 @@ def where_model(path):
     return path
 
 
-def gru_model(path):
-    """A GRU: NCNN builds it, the relax ONNX frontend has no converter for it."""
+def lstm_model(path):
+    """An LSTM: NCNN builds it, the relax ONNX frontend has no converter for it."""
     rng = np.random.default_rng(1)
-    inits = [numpy_helper.from_array((rng.standard_normal((1, 3 * 8, 4)) * 0.3).astype(np.float32), "W"),
-             numpy_helper.from_array((rng.standard_normal((1, 3 * 8, 8)) * 0.3).astype(np.float32), "R"),
-             numpy_helper.from_array((rng.standard_normal((1, 6 * 8)) * 0.1).astype(np.float32), "B")]
-    nodes = [helper.make_node("GRU", ["x", "W", "R", "B"], ["y", "h"], hidden_size=8, name="gru")]
-    graph = helper.make_graph(nodes, "gru", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, 4])],
-                              [helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 1, 8])], inits)
+    hidden = 8
+    inits = [numpy_helper.from_array((rng.standard_normal((1, 4 * hidden, 4)) * 0.3).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((1, 4 * hidden, hidden)) * 0.3).astype(np.float32), "R"),
+             numpy_helper.from_array((rng.standard_normal((1, 8 * hidden)) * 0.1).astype(np.float32), "B")]
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=hidden, name="lstm")]
+    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 1, 1, hidden])], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, str(path))
@@ -136,7 +137,7 @@ def test_auto_uses_tvm_for_ops_ncnn_lacks(make, tmp_path):
 
 
 def test_auto_falls_back_to_ncnn_when_tvm_cannot_import(tmp_path):
-    model = gru_model(tmp_path / "gru.onnx")
+    model = lstm_model(tmp_path / "lstm.onnx")
     tdir = tmp_path / "targets"
     tdir.mkdir()
     text = (REPO / "targets" / "x86_64.toml").read_text()
@@ -149,7 +150,7 @@ def test_auto_falls_back_to_ncnn_when_tvm_cannot_import(tmp_path):
     assert proc.returncode == 0 and report["ok"], proc.stderr[-3000:]
     res = report["results"][0]
     assert res["backend"] == "ncnn"
-    assert any("tvm" in n and "GRU" in n for n in res["notes"]), res["notes"]
+    assert any("tvm" in n and "LSTM" in n for n in res["notes"]), res["notes"]
 
 
 def test_import_failure_is_a_build_error(tmp_path):
@@ -157,8 +158,8 @@ def test_import_failure_is_a_build_error(tmp_path):
     a TVM import failure is a BuildError, which `auto` treats as 'try the next backend'."""
     from edgepack.backends.tvm.compile import import_onnx
     from edgepack.model import load_model
-    model = load_model(gru_model(tmp_path / "gru.onnx"))
-    with pytest.raises(BuildError, match="TVM could not import the model.*GRU"):
+    model = load_model(lstm_model(tmp_path / "lstm.onnx"))
+    with pytest.raises(BuildError, match="TVM could not import the model.*LSTM"):
         import_onnx(model)
 
 
@@ -167,7 +168,7 @@ def test_tuning_round_trip(tiny_cnn, tmp_path):
     from edgepack.backends.tvm.tuning import default_db_dir, is_database
     from edgepack.model import fix_input_shapes, load_model, parse_shape_args, simplify
     from edgepack.targets import TargetMatrix
-    shape = "image=1x3x32x32"  # a model of its own: no other test meets this database
+    shape = "image=2x3x64x64"  # batch 2: a model of its own, no other test meets this database
     prepared = simplify(fix_input_shapes(load_model(tiny_cnn), parse_shape_args([shape])))
     db = default_db_dir(prepared, TargetMatrix.load().get("x86_64"))
     shutil.rmtree(db, ignore_errors=True)

@@ -28,7 +28,7 @@ from ...sources import PinnedSource, fetch
 from ...targets import Target
 from ...toolchains import Toolchain, generic_cpu
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 TVM_VERSION = "0.27.0.post1"
 TVM_FFI_VERSION = "0.1.14.post1"
@@ -41,6 +41,8 @@ TVM_SOURCES = (
     "builtin_fp16.cc", "cpu_device_api.cc", "device_api.cc", "file_utils.cc", "logging.cc",
     "memory/memory_manager.cc", "module.cc", "tensor.cc", "thread_pool.cc", "threading_backend.cc",
     "workspace_pool.cc", "vm/builtin.cc", "vm/bytecode.cc", "vm/executable.cc", "vm/vm.cc",
+    # TopK/ArgSort/Sort lower to these packed functions on CPUs (tvm.contrib.sort.*).
+    "extra/contrib/sort/sort.cc",
 )
 # tvm-ffi sources (relative to the sdist's src/ffi): the core plus the module/system-lib loader.
 FFI_SOURCES = (
@@ -104,7 +106,8 @@ def _pic(target: Target) -> bool:
 
 def runtime_key(target: Target, toolchain: Toolchain) -> str:
     tvm_root = tvm_package_dir()
-    wheel_files = [p for p in (tvm_root / "src" / "runtime").rglob("*") if p.is_file() and "extra" not in p.parts]
+    wheel_files = [p for p in (tvm_root / "src" / "runtime").rglob("*")
+                   if p.is_file() and ("extra" not in p.parts or "sort" in p.parts)]
     wheel_files += [p for p in (tvm_root / "include").rglob("*.h")]
     own = [p for p in _own_headers().rglob("*.h")]
     return key_of({"tvm_sources": _tree_digest(wheel_files, tvm_root), "own_headers": _tree_digest(own, _own_headers()),
@@ -182,6 +185,11 @@ def _stage_sources(root: Path) -> None:
     own = _own_headers()
     shutil.copytree(own / "include", root / "include", dirs_exist_ok=True)
     shutil.copytree(own / "src" / "support", root / "src" / "support")
+    shutil.copytree(tvm_root / "src" / "runtime" / "extra" / "contrib" / "sort",
+                    root / "src" / "runtime" / "extra" / "contrib" / "sort")
+    # contrib/sort includes the fp16 header by its path in the TVM source tree.
+    (root / "3rdparty" / "compiler-rt").mkdir(parents=True)
+    shutil.copyfile(own / "include" / "builtin_fp16.h", root / "3rdparty" / "compiler-rt" / "builtin_fp16.h")
     sdist = fetch(TVM_FFI_SDIST)
     with tarfile.open(sdist) as tf:
         members = [m for m in tf.getmembers()
