@@ -107,18 +107,26 @@ def where_model(path):
 
 
 def lstm_model(path):
-    """An LSTM: NCNN builds it, the relax ONNX frontend has no converter for it."""
-    rng = np.random.default_rng(1)
-    hidden = 8
-    inits = [numpy_helper.from_array((rng.standard_normal((1, 4 * hidden, 4)) * 0.3).astype(np.float32), "W"),
-             numpy_helper.from_array((rng.standard_normal((1, 4 * hidden, hidden)) * 0.3).astype(np.float32), "R"),
-             numpy_helper.from_array((rng.standard_normal((1, 8 * hidden)) * 0.1).astype(np.float32), "B")]
-    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=hidden, name="lstm")]
-    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 1, 1, hidden])], inits)
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(path))
+    """An LSTM (+ Linear) as torch exports it: NCNN builds it, the relax ONNX frontend has no
+    converter for LSTM. (A hand-made onnx.helper LSTM is not one pnnx converts.)"""
+    import torch
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(4, 8, batch_first=True)
+            self.fc = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            y, _ = self.lstm(x)
+            return self.fc(y[:, -1])
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net().eval(), (torch.randn(1, 5, 4),), str(path), opset_version=17, dynamo=False,
+                          input_names=["x"], output_names=["y"])
     return path
 
 
