@@ -54,9 +54,11 @@ def _target_dirs(dirs):
 @click.option("--preprocess", default=None, metavar="SPEC",
               help="Bake input pre-processing into the graph, e.g. image:size=224x224,layout=nhwc,dtype=uint8,...")
 @click.option("--postprocess", default=None, metavar="SPEC", help="Bake output post-processing, e.g. softmax,topk=5")
+@click.option("--jobs", "-j", type=click.IntRange(0, 64), default=0, show_default=True,
+              help="Targets built at once (0: one per core).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes, targets_dir, no_verify,
-          no_simplify, preprocess, postprocess, as_json):
+          no_simplify, preprocess, postprocess, jobs, as_json):
     """Build MODEL (.onnx) into one executable per target."""
     from .model import parse_shape_args
     from .pipeline import BuildOptions, build as run_build
@@ -67,7 +69,7 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
     opts = BuildOptions(backend=backend, precision="fp16" if fp16 else "fp32",
                         input_shapes=parse_shape_args(list(input_shapes)), out_dir=out_dir,
                         verify=not no_verify, simplify=not no_simplify, preprocess=preprocess,
-                        postprocess=postprocess)
+                        postprocess=postprocess, jobs=jobs)
 
     def log(msg):
         err_console.print(f"[dim]{escape(msg)}[/dim]")

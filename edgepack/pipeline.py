@@ -6,10 +6,12 @@ Each stage is a function from typed inputs to outputs; the CLI only parses optio
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -40,6 +42,7 @@ class BuildOptions:
     out_dir: Path = Path("dist")
     verify: bool = True
     simplify: bool = True
+    jobs: int = 0                    # targets built at once (0: one per core)
     preprocess: str | None = None    # e.g. "image:size=224x224,layout=nhwc,dtype=uint8,mean=...,std=..."
     postprocess: str | None = None   # e.g. "softmax,topk=5,labels=labels.txt"
 
@@ -168,7 +171,8 @@ def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, work
     got = {name: np.load(info["file"]) for name, info in report["outputs"].items()}
     results = compare(got, ref, tol)
     worst = max(results, key=lambda r: (r.max_abs_err / r.bound) if r.bound else r.max_abs_err)
-    st = run_artifact(path, ["selftest", "--threads", "1"], qemu_cpu=target.qemu_cpu)
+    # one inference is enough to check the golden output (under qemu each costs seconds)
+    st = run_artifact(path, ["selftest", "--threads", "1", "--runs", "1", "--warmup", "0"], qemu_cpu=target.qemu_cpu)
     selftest = st.stdout.strip()
     if not all(r.ok for r in results):
         raise VerificationError(f"{path.name} disagrees with onnxruntime on output {worst.name}: max abs error "
@@ -194,19 +198,26 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
         with tempfile.TemporaryDirectory(prefix=f"edgepack-{target.name}-") as tmp:
             workdir = Path(tmp)
             try:
+                t_stage = time.monotonic()
                 engine = backend.compile(CompileRequest(model, target, opts.precision, workdir / "compile", tc,
                                                         lambda m: log(f"[{target.name}] {m}")))
+                log(f"[{target.name}] {name}: compiled in {time.monotonic() - t_stage:.1f} s")
+                t_stage = time.monotonic()
                 manifest = manifest_for(prep, target, engine, tc, opts)
                 out_path = Path(opts.out_dir) / f"{model.name}-{target.name}"
                 staged = workdir / "artifact"
                 built: Bundled = bundle(BundleRequest(
                     model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
                     prep.golden_outputs, manifest, workdir / "bundle", staged, tc))
+                log(f"[{target.name}] bundled {built.size / 1e6:.2f} MB in {time.monotonic() - t_stage:.1f} s")
+                t_stage = time.monotonic()
                 verification = None
                 if opts.verify:
                     log(f"[{target.name}] verifying against onnxruntime"
                         + (f" under qemu (-cpu {target.qemu_cpu})" if target.needs_qemu else ""))
                     verification = verify(staged, target, prep, engine.tolerance, workdir)
+                    log(f"[{target.name}] verified in {time.monotonic() - t_stage:.1f} s: max error "
+                        f"{verification.max_abs_err:.2e} (bound {verification.bound:.2e})")
                 out_path.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(staged, out_path)
                 full = dict(manifest)
@@ -248,8 +259,7 @@ def build(model_path: Path, targets: list[Target], opts: BuildOptions, log: Call
     prep = prepare(Path(model_path), opts)
     for note in prep.model.notes:
         log(note)
-    results = []
-    for target in targets:
+    def one(target: Target) -> TargetResult:
         try:
             res = build_target(prep, target, opts, tc, log)
         except EdgepackError as exc:
@@ -258,7 +268,14 @@ def build(model_path: Path, targets: list[Target], opts: BuildOptions, log: Call
             res = TargetResult(target.name, False, error=f"internal error: {type(exc).__name__}: {exc}",
                                hint="please report this with --debug output", exit_code=70,
                                notes=(traceback.format_exc(),))
-        results.append(res)
         if on_result:
             on_result(res)
-    return results
+        return res
+
+    # Targets build side by side: most of a target's time is spent waiting on zig and on qemu
+    # verification, and shared heavy steps (libncnn, conversion) are serialised by cache locks.
+    jobs = max(1, min(opts.jobs or os.cpu_count() or 1, len(targets)))
+    if jobs == 1:
+        return [one(t) for t in targets]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, targets))

@@ -24,7 +24,8 @@ static const char USAGE[] =
     "  run --input rows.csv [--output out.csv|out.jsonl] one run per CSV row\n"
     "  serve [--port P] [--host 127.0.0.1] [--idle-timeout S] [--max-body BYTES] [--threads N]\n"
     "                                         HTTP: GET / (try-it page), POST /predict, GET /info, /health\n"
-    "  selftest [--threads N] [--json]        check the embedded golden output (exit 0 PASS, 1 FAIL)\n"
+    "  selftest [--threads N] [--runs N] [--warmup N] [--json]\n"
+    "                                         check the embedded golden output (exit 0 PASS, 1 FAIL)\n"
     "  bench [--runs N] [--warmup N] [--threads N] [--json]\n"
     "                                         latency min/median/p90 and peak RSS\n";
 
@@ -51,8 +52,8 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 static int parse_opts(int argc, char **argv, int start, cli_opts *o, ep_status *st) {
     memset(o, 0, sizeof *o);
     o->threads = 0;
-    o->runs = 50;
-    o->warmup = 5;
+    o->runs = -1;   /* -1: the command's own default (bench 50/5, selftest 3/1) */
+    o->warmup = -1;
     o->host = "127.0.0.1";
     o->port = 8080;
     o->max_body = 16 << 20;
@@ -306,8 +307,12 @@ static int timed_runs(const cli_opts *o, int warmup, int runs, double *lat, ep_t
 static int cmd_selftest(const cli_opts *o, ep_status *st) {
     ep_tensor outputs[64], golden[64];
     memset(outputs, 0, sizeof outputs);
-    double lat[3];
-    int rc = timed_runs(o, 1, 3, lat, outputs, st);
+    int runs = o->runs > 0 ? o->runs : 3, warmup = o->warmup >= 0 ? o->warmup : 1;
+    double *lat = calloc((size_t)runs, sizeof(double));
+    if (!lat) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    int rc = timed_runs(o, warmup, runs, lat, outputs, st);
+    double median = lat[runs / 2];
+    free(lat);
     if (!rc) rc = load_golden(ep_spec.golden_outputs, ep_spec.n_outputs, golden, st);
     if (rc) {
         free_all(outputs, ep_spec.n_outputs);
@@ -326,7 +331,6 @@ static int cmd_selftest(const cli_opts *o, ep_status *st) {
             worst_bound = bound;
         }
     }
-    double median = lat[1];
     if (o->json) {
         printf("{\"result\": \"%s\", \"model\": ", pass ? "PASS" : "FAIL");
         ep_json_string(stdout, ep_spec.model_name);
@@ -346,7 +350,11 @@ static int cmd_selftest(const cli_opts *o, ep_status *st) {
     return pass ? EP_OK : EP_EXIT_FAIL;
 }
 
-static int cmd_bench(const cli_opts *o, ep_status *st) {
+static int cmd_bench(const cli_opts *given, ep_status *st) {
+    cli_opts opts = *given;
+    cli_opts *o = &opts;
+    if (o->runs < 0) o->runs = 50;
+    if (o->warmup < 0) o->warmup = 5;
     ep_tensor outputs[64];
     memset(outputs, 0, sizeof outputs);
     double *lat = calloc((size_t)o->runs, sizeof(double));
