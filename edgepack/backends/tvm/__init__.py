@@ -45,7 +45,9 @@ class TvmBackend:
 
         db, why = find_database(req.model, req.target)
         req.log(f"tvm: {why}")
-        tgt = tvm_target(req.target)
+        from .compile import TVM_LOCK
+        with TVM_LOCK:
+            tgt = tvm_target(req.target)
         compiled = compile_model(req.model, tgt, req.workdir / "tvm", tuning_db=db, log=req.log)
         rt = build_runtime(req.target, req.toolchain, log=req.log)
         notes = [f"tvm: {why}"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import tarfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,13 @@ from pathlib import Path
 from ...errors import BuildError, ToolMissingError
 from ...model import LoadedModel
 from .runtime_lib import TVM_FFI_VERSION, TVM_VERSION
+
+
+# TVM's Python-side compiler keeps global state (TE tag scopes, block builders, the target
+# context stack): two compiles in one process at once fail with "nested op_tag is not allowed".
+# The pipeline builds targets in threads, so TVM work is serialised here (bundling, linking and
+# verification still run in parallel).
+TVM_LOCK = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,11 @@ def apply_database(mod, tvm_target, db_dir: Path):
 
 def compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: Path | None = None,
                   log=print) -> CompiledModel:
+    with TVM_LOCK:
+        return _compile_model(model, tvm_target, workdir, tuning_db=tuning_db)
+
+
+def _compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: Path | None = None) -> CompiledModel:
     tvm = import_tvm()
     from tvm import relax
     workdir.mkdir(parents=True, exist_ok=True)

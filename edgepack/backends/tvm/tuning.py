@@ -120,8 +120,13 @@ class TuneResult:
 
 def tune(model: LoadedModel, target: Target, trials: int, *, out_dir: Path | None = None, workers: int = 2,
          log=print) -> TuneResult:
-    from .compile import fuse, import_onnx, import_tvm
-    tvm = import_tvm()
+    from .compile import TVM_LOCK, fuse, import_onnx, import_tvm
+    with TVM_LOCK:
+        return _tune(model, target, trials, out_dir=out_dir, workers=workers, log=log,
+                     fuse=fuse, import_onnx=import_onnx, tvm=import_tvm())
+
+
+def _tune(model, target, trials, *, out_dir, workers, log, fuse, import_onnx, tvm) -> TuneResult:
     from tvm.s_tir import meta_schedule as ms
     if trials < 1:
         raise UsageError("--trials must be at least 1")
