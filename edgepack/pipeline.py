@@ -5,8 +5,11 @@ Each stage is a function from typed inputs to outputs; the CLI only parses optio
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
+import threading
 import shutil
 import tempfile
 import time
@@ -31,6 +34,7 @@ from .targets import Target
 from .toolchains import Toolchain
 
 GOLDEN_SEED = 20261130
+_COMPILE_LOCKS: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
 VERIFY_SEED = 7
 
 
@@ -199,8 +203,11 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
             workdir = Path(tmp)
             try:
                 t_stage = time.monotonic()
-                engine = backend.compile(CompileRequest(model, target, opts.precision, workdir / "compile", tc,
-                                                        lambda m: log(f"[{target.name}] {m}")))
+                # Targets build in threads; a backend whose compiler keeps global state (TVM's
+                # importer does) compiles one target at a time.
+                with contextlib.nullcontext() if getattr(backend, "thread_safe", False) else _COMPILE_LOCKS[name]:
+                    engine = backend.compile(CompileRequest(model, target, opts.precision, workdir / "compile", tc,
+                                                            lambda m: log(f"[{target.name}] {m}")))
                 log(f"[{target.name}] {name}: compiled in {time.monotonic() - t_stage:.1f} s")
                 t_stage = time.monotonic()
                 manifest = manifest_for(prep, target, engine, tc, opts)

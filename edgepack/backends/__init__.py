@@ -45,6 +45,8 @@ class EngineBuild:
 
 class Backend(Protocol):
     name: str
+    # False (the default when absent): the pipeline never runs two compiles of it at once
+    thread_safe: bool
 
     def unsupported_ops(self, model: LoadedModel) -> dict[str, list[str]]:
         """op type -> node names this backend cannot build."""

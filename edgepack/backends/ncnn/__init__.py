@@ -15,6 +15,7 @@ from .prune import pruned_layer_object
 
 class NcnnBackend:
     name = "ncnn"
+    thread_safe = True  # every shared step (conversion, libncnn, pruning) is guarded by cache file locks
 
     def unsupported_ops(self, model: LoadedModel) -> dict[str, list[str]]:
         return {op: nodes for op, nodes in model.ops().items() if op not in SUPPORTED}
