@@ -109,6 +109,18 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
         raise SystemExit(codes.pop() if len(codes) == 1 else 1)
 
 
+@cli.command()
+@click.option("--target", "-t", "target_specs", multiple=True, help="Target name or alias; repeat or comma-separate.")
+@click.option("--all", "all_targets", is_flag=True)
+@click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path))
+def prefetch(target_specs, all_targets, targets_dir):
+    """Build the per-architecture libraries for targets now (warms the cache, e.g. on CI runners)."""
+    from .prefetch import prefetch as run_prefetch
+    from .targets import TargetMatrix
+    targets = TargetMatrix.load(_target_dirs(targets_dir)).resolve(list(target_specs), all_targets)
+    run_prefetch(targets, log=lambda m: err_console.print(f"[dim]{escape(m)}[/dim]"))
+
+
 @cli.command("verify-build")
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.argument("model", type=click.Path(path_type=Path))

@@ -25,7 +25,7 @@ from . import __version__
 from .backends import CompileRequest, EngineBuild, all_backends, get_backend
 from .bundle import BundleRequest, Bundled, bundle
 from .cache import sha256_bytes, sha256_file
-from .errors import EdgepackError, UnsupportedOpError, VerificationError
+from .errors import EdgepackError, ToolMissingError, UnsupportedOpError, VerificationError
 from .model import LoadedModel, fix_input_shapes, load_model, simplify
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest
 from .reference import Tolerance, compare, random_inputs, run_onnxruntime
@@ -117,6 +117,13 @@ def backend_candidates(model: LoadedModel, target: Target, requested: str) -> li
     for name in names:
         if name not in registered:
             out.append((name, f"backend {name} is not available in this installation"))
+            continue
+        missing = registered[name].missing_tools()
+        if missing:
+            if requested != "auto":
+                raise ToolMissingError(f"backend {name} cannot run here: missing {'; '.join(missing)}",
+                                       hint="run `edgepack doctor`")
+            out.append((name, f"backend {name} is not installed ({'; '.join(missing)})"))
             continue
         unsupported = registered[name].unsupported_ops(model)
         if unsupported:

@@ -11,7 +11,23 @@ $SUDO apt-get install -y --no-install-recommends cmake ninja-build qemu-user llv
 python3 -m pip install -e ".[test]"
 # pnnx's wheel declares torch, but edgepack only calls its standalone executable.
 python3 -m pip install --no-deps "pnnx==20261020"
+# EDGEPACK_PREFETCH=x86_64,arm64: start the one-time libncnn builds now, so they overlap with the
+# downloads below (CI sets it; the build log goes to $TMPDIR/edgepack-prefetch.log).
+prefetch_pid=""
+prefetch_log="${TMPDIR:-/tmp}/edgepack-prefetch.log"
+if [ -n "${EDGEPACK_PREFETCH:-}" ]; then
+    python3 -m edgepack prefetch --target "$EDGEPACK_PREFETCH" >"$prefetch_log" 2>&1 &
+    prefetch_pid=$!
+fi
 for extra in .ci/deps-*.sh; do
     [ -f "$extra" ] && bash "$extra"
 done
+if [ -n "$prefetch_pid" ]; then
+    if ! wait "$prefetch_pid"; then
+        tail -n 40 "$prefetch_log"
+        echo "edgepack prefetch failed (log: $prefetch_log)" >&2
+        exit 1
+    fi
+    tail -n 3 "$prefetch_log"
+fi
 echo "edgepack set up: $(python3 -m edgepack --version)"
