@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -45,7 +46,17 @@ def tune(model, target_spec, trials, out_db, input_shapes, targets_dir, no_simpl
         err_console.print(f"[dim]{escape(msg)}[/dim]")
 
     log(f"tuning {prep.model.name} for {target.name}: {trials} trials (MetaSchedule)")
-    res = run_tune(prep.model, target, trials, out_dir=out_db, workers=workers, log=log)
+    # MetaSchedule and its worker processes print progress on stdout (from C++ too): send fd 1 to
+    # stderr while tuning so that stdout carries only the summary (--json stays parseable).
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        res = run_tune(prep.model, target, trials, out_dir=out_db, workers=workers, log=log)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
     summary = {"model": str(model), "target": target.name, "database": str(res.path), "trials": res.trials,
                "tasks": res.tasks, "records": res.records, "seconds": round(res.seconds, 1), "proxy": res.proxy}
     if as_json:
