@@ -245,7 +245,7 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
                                             f"qemu -cpu {target.qemu_cpu}"}
                 full["backend_choice"] = {"used": name, "skipped": reasons}
                 out_path.with_name(out_path.name + ".json").write_text(json.dumps(full, indent=1, sort_keys=True))
-                notes = tuple(model.notes) + tuple(f"skipped: {r}" for r in reasons)
+                notes = tuple(model.notes) + tuple(engine.notes) + tuple(f"skipped: {r}" for r in reasons)
                 return TargetResult(target.name, True, name, out_path, built.size, engine.weight_bytes,
                                     verification.max_abs_err if verification else None,
                                     verification.bound if verification else None,
