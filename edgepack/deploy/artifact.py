@@ -1,12 +1,12 @@
 """What is being pushed: an edgepack artifact's hash and the target facts the device check needs."""
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache import sha256_file
 from ..elf import read_elf
 from ..errors import ArtifactError, EdgepackError, TargetError
 from ..triple import parse_triple
@@ -27,14 +27,6 @@ class ArtifactInfo:
     @property
     def short(self) -> str:
         return self.sha256[:16]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _from_manifest(manifest: dict, where: str) -> dict:
