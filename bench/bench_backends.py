@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from models import mobilenet_v2_like, transformer_block  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ncnn import ort_median_ms  # noqa: E402  (one onnxruntime timing for every bench)
 
 V3_TARGET = (REPO / "targets" / "x86_64.toml").read_text().replace('name = "x86_64"', 'name = "x86_64-v3"')
 
@@ -51,23 +51,6 @@ def artifact_median(path: Path, threads: int, runs: int) -> float:
     proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "5", "--threads", str(threads),
                            "--json"], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout)["median_ms"]
-
-
-def ort_median(model: Path, threads: int, runs: int) -> float:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-    feeds = {i.name: np.random.default_rng(0).standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
-             .astype(np.float32) for i in sess.get_inputs()}
-    for _ in range(5):
-        sess.run(None, feeds)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -116,7 +99,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for label, path in engines.items():
                 rounds[label].append(artifact_median(path, args.threads, args.runs))
-            rounds["onnxruntime"].append(ort_median(model, args.threads, args.runs))
+            rounds["onnxruntime"].append(ort_median_ms(model, args.threads, args.runs))
         report["models"][name] = {"latency_ms": {k: round(min(v), 3) for k, v in rounds.items()},
                                   "rounds_ms": rounds, "builds": builds}
         print(f"\n{name} (x86_64, {args.threads} threads, median ms, best of {args.rounds} rounds)")

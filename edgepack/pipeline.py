@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -57,6 +58,13 @@ class PreparedModel:
     source_sha256: str
     golden_inputs: dict
     golden_outputs: dict
+
+    @functools.cached_property
+    def verify_case(self) -> tuple[dict, dict]:
+        """The fresh input every target is verified on, and onnxruntime's answer: computed once
+        per model, not once per target (and not at all with --no-verify)."""
+        fresh = random_inputs(self.model.inputs, VERIFY_SEED)
+        return fresh, run_onnxruntime(self.model, fresh)
 
 
 @dataclass(frozen=True)
@@ -166,8 +174,7 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
 def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, workdir: Path) -> Verification:
     """Run the artifact here (qemu for Arm) on a fresh input and on its own selftest."""
     model = prep.model
-    fresh = random_inputs(model.inputs, VERIFY_SEED)
-    ref = run_onnxruntime(model, fresh)
+    fresh, ref = prep.verify_case
     vdir = workdir / "verify"
     vdir.mkdir(parents=True, exist_ok=True)
     args = ["run", "--threads", "1", "--output", str(vdir / "out")]
