@@ -22,7 +22,7 @@ want=(
 missing=()
 for req in "${want[@]}"; do
     name="${req%%==*}"; version="${req##*==}"
-    have="$("$PY" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')"
+    have="$("$PY" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)"
     [ "$have" = "$version" ] || missing+=("$req")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
