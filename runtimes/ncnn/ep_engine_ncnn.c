@@ -2,7 +2,7 @@
  *
  * Options from the spec: ncnn.in.<i> / ncnn.out.<i> (blob names), ncnn.batch_axis.<i>
  * ("0" when the ONNX dim 0 is a batch dim ncnn does not see, "none" otherwise),
- * ncnn.fp32 ("1" forces fp32 storage and arithmetic).
+ * ncnn.fp32 ("1" forces fp32 storage and arithmetic), ncnn.fp16_arithmetic ("0": fp16 storage only).
  * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights.
  */
 #include "ep_runtime.h"
@@ -59,6 +59,11 @@ int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_s
         ncnn_option_set_use_bf16_storage(e->opt, 0);
         ncnn_option_set_use_bf16_packed(e->opt, 0);
     }
+    /* The precision ladder's middle rung: fp16 storage, fp32 arithmetic. ncnn switches fp16
+     * arithmetic on by itself on every CPU that has it (armv8.2+, AVX512-FP16), so it is off
+     * unless the build verified it ("1"), or this option is absent (artifacts built before it). */
+    if (strcmp(ep_option_get(spec, "ncnn.fp16_arithmetic", "1"), "0") == 0)
+        ncnn_option_set_use_fp16_arithmetic(e->opt, 0);
     e->net = ncnn_net_create();
     ncnn_net_set_option(e->net, e->opt);
     const ep_blob *param = &spec->model_blobs[0], *bin = &spec->model_blobs[1];
