@@ -3,6 +3,10 @@
 Prints, per model: x86_64 median latency of the artifact (its own `bench`) and of onnxruntime
 (InferenceSession, same input, same threads), their ratio, and artifact/runtime bytes for each
 target built. Usage: python bench/bench_ncnn.py [--threads 1] [--runs 50] [--targets x86_64,arm64]
+
+``--options``: instead, which of ncnn's x86 switches (packing layout, winograd, sgemm, fp16 storage)
+is fastest: the pnnx-converted model run by the ncnn Python wheel with each switch off in turn,
+rounds alternating so machine load hits every variant alike, printed against ncnn's defaults.
 """
 from __future__ import annotations
 
@@ -43,11 +47,64 @@ def ort_median_ms(model: Path, threads: int, runs: int, warmup: int = 5) -> floa
     return statistics.median(times)
 
 
+OPTION_VARIANTS = {
+    "defaults": {},
+    "no packing": {"use_packing_layout": False},
+    "no winograd": {"use_winograd_convolution": False},
+    "no sgemm": {"use_sgemm_convolution": False},
+    "no fp16 storage": {"use_fp16_storage": False, "use_fp16_packed": False, "use_fp16_arithmetic": False},
+}
+
+
+def bench_options(models: dict[str, Path], threads: int, runs: int, rounds: int = 5) -> None:
+    import ncnn
+    sys.path.insert(0, str(REPO))
+    from edgepack.backends.ncnn.convert import convert
+    from edgepack.model import load_model
+    print(f"ncnn {ncnn.__version__} (Python wheel), {threads} thread(s), median ms of {rounds} rounds x {runs // rounds} runs")
+    print(f"{'model':20} " + " ".join(f"{k:>16}" for k in OPTION_VARIANTS))
+    for name, path in models.items():
+        conv = convert(load_model(path), "fp16", log=lambda *_: None)
+        nets = {}
+        for label, flags in OPTION_VARIANTS.items():
+            net = ncnn.Net()
+            net.opt.num_threads = threads
+            for k, v in flags.items():
+                setattr(net.opt, k, v)
+            net.load_param(str(conv.param))
+            net.load_model(str(conv.bin))
+            nets[label] = net
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feeds = {i.name: np.random.default_rng(0).standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
+                 .astype(np.float32) for i in sess.get_inputs()}
+        arrays = [feeds[i.name][0] if b == "0" else feeds[i.name] for i, b in zip(sess.get_inputs(), conv.input_batch)]
+        times = {k: [] for k in nets}
+
+        def once(net):
+            ex = net.create_extractor()
+            for blob, a in zip(conv.input_blobs, arrays):
+                ex.input(blob, ncnn.Mat(np.ascontiguousarray(a)))
+            for blob in conv.output_blobs:
+                ex.extract(blob)
+
+        for net in nets.values():
+            for _ in range(3):
+                once(net)
+        for _ in range(rounds):
+            for label, net in nets.items():
+                for _ in range(max(1, runs // rounds)):
+                    t0 = time.perf_counter()
+                    once(net)
+                    times[label].append((time.perf_counter() - t0) * 1e3)
+        print(f"{name:20} " + " ".join(f"{statistics.median(times[k]):16.3f}" for k in OPTION_VARIANTS))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--targets", default="x86_64,arm64")
+    ap.add_argument("--options", action="store_true", help="compare ncnn's x86 switches instead")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-ncnn-"))
     models = {
@@ -55,6 +112,9 @@ def main() -> None:
         "mobilenet_v2_like": mobilenet_v2_like(work / "mobilenet_v2_like.onnx", width=1.0, size=224),
         "encoder": transformer_block(work / "encoder.onnx", d=256, heads=4, seq=128),
     }
+    if args.options:
+        bench_options(models, args.threads, args.runs)
+        return
     print(f"{'model':20} {'target':14} {'size MB':>8} {'runtime MB':>10} {'build s':>8}")
     rows = []
     for name, path in models.items():

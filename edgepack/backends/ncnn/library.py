@@ -24,7 +24,7 @@ from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
 BASE_OPTIONS = {
     "CMAKE_BUILD_TYPE": "Release",
@@ -38,14 +38,37 @@ BASE_OPTIONS = {
     "NCNN_INT8": "OFF", "NCNN_BF16": "OFF", "NCNN_WEIGHT_QUANT": "OFF",
     "NCNN_RUNTIME_CPU": "ON",
 }
-# Which run-time dispatched ISA variants to build, per architecture (each variant compiles every
-# layer again; these are the ones edge CPUs have).
+# Which run-time dispatched ISA variants to build, per architecture. Each variant compiles the
+# layers again and ncnn picks one per layer at run time by CPUID (NCNN_RUNTIME_CPU), so a
+# variant the CPU lacks costs build time and bytes but is never executed.
+# x86_64: SSE2/AVX/FMA/F16C/AVX2 as before plus AVX-512 (F/CD/BW/DQ/VL): on AVX-512 CPUs it took a
+# YOLOv8-class model from 1.70x to 1.05x onnxruntime (issue 10). FMA4/XOP are AMD-only families of
+# 2011-2015, absent from edge boxes. AVX512FP16: this sdist has no x86 avx512fp16 kernels.
 ARCH_OPTIONS = {
-    "x86_64": {"NCNN_AVX512": "OFF", "NCNN_AVXVNNI": "OFF", "NCNN_AVXVNNIINT8": "OFF",
-               "NCNN_AVXVNNIINT16": "OFF", "NCNN_AVXNECONVERT": "OFF", "NCNN_FMA4": "OFF", "NCNN_XOP": "OFF"},
+    "x86_64": {"NCNN_AVX512": "ON", "NCNN_AVX512FP16": "OFF", "NCNN_AVXVNNIINT8": "OFF",
+               "NCNN_AVXVNNIINT16": "OFF", "NCNN_FMA4": "OFF", "NCNN_XOP": "OFF"},
     "aarch64": {"NCNN_ARM86SVE": "OFF", "NCNN_ARM84I8MM": "OFF", "NCNN_ARM84BF16": "OFF"},
     "arm": {},
 }
+# Variants whose kernels exist only for one numeric type: their sources are wrapped in
+# `#if NCNN_INT8` / `#if NCNN_BF16`, so they are built exactly when that type is (a target's
+# [ncnn.cmake] may turn NCNN_INT8 or NCNN_BF16 on); otherwise they would compile to nothing.
+_X86_TYPED_VARIANTS = {"NCNN_INT8": ("NCNN_AVX512VNNI", "NCNN_AVXVNNI"),
+                       "NCNN_BF16": ("NCNN_AVX512BF16", "NCNN_AVXNECONVERT")}
+# option -> the CMake cache variable that says zig's clang compiled ncnn's probe for it. ncnn
+# only warns when a probe fails and builds without the variant; edgepack fails instead.
+X86_COMPILER_PROBES = {
+    "NCNN_AVX": "NCNN_COMPILER_SUPPORT_X86_AVX", "NCNN_FMA": "NCNN_COMPILER_SUPPORT_X86_FMA",
+    "NCNN_F16C": "NCNN_COMPILER_SUPPORT_X86_F16C", "NCNN_AVX2": "NCNN_COMPILER_SUPPORT_X86_AVX2",
+    "NCNN_AVX512": "NCNN_COMPILER_SUPPORT_X86_AVX512",
+    "NCNN_AVX512VNNI": "NCNN_COMPILER_SUPPORT_X86_AVX512_VNNI",
+    "NCNN_AVX512BF16": "NCNN_COMPILER_SUPPORT_X86_AVX512_BF16",
+    "NCNN_AVXVNNI": "NCNN_COMPILER_SUPPORT_X86_AVX_VNNI",
+    "NCNN_AVXNECONVERT": "NCNN_COMPILER_SUPPORT_X86_AVX_NE_CONVERT",
+}
+# The object-name suffix each x86 variant leaves in libncnn.a (checked after the build).
+X86_VARIANT_OBJECTS = {"NCNN_AVX": "_x86_avx.cpp", "NCNN_FMA": "_x86_fma.cpp", "NCNN_AVX2": "_x86_avx2.cpp",
+                       "NCNN_AVX512": "_x86_avx512.cpp"}
 _PROCESSOR = {"x86_64": "x86_64", "aarch64": "aarch64", "arm": "armv7"}
 
 
@@ -67,8 +90,40 @@ class NcnnLibrary:
 def library_options(target: Target) -> dict[str, str]:
     opts = dict(BASE_OPTIONS)
     opts.update(ARCH_OPTIONS.get(target.arch, {}))
-    opts.update({k: str(v) for k, v in target.backend_options.get("ncnn", {}).get("cmake", {}).items()})
+    own = {k: str(v) for k, v in target.backend_options.get("ncnn", {}).get("cmake", {}).items()}
+    if target.arch == "x86_64":
+        for numeric, variants in _X86_TYPED_VARIANTS.items():
+            wanted = own.get(numeric, opts[numeric])
+            for v in variants:
+                base = "NCNN_AVX512" if "512" in v else "NCNN_AVX2"
+                opts[v] = "ON" if wanted == "ON" and own.get(base, opts.get(base, "ON")) == "ON" else "OFF"
+    opts.update(own)
     return opts
+
+
+def check_x86_configure(cache_text: str, opts: dict[str, str]) -> list[str]:
+    """Variants requested ON that the configure step silently dropped (probe failed or option OFF)."""
+    cache = {}
+    for line in cache_text.splitlines():
+        m = re.match(r"([A-Za-z0-9_]+):[A-Z]+=(.*)$", line)
+        if m:
+            cache[m.group(1)] = m.group(2).strip()
+    on = {"1", "ON", "TRUE", "YES"}
+    dropped = []
+    for opt, probe in X86_COMPILER_PROBES.items():
+        if opts.get(opt, "ON") != "ON":
+            continue
+        if cache.get(probe, "").upper() not in on:
+            dropped.append(f"{opt} (zig's clang failed ncnn's probe {probe})")
+        elif cache.get(opt, "ON").upper() not in on:
+            dropped.append(f"{opt} (configure left it OFF)")
+    return dropped
+
+
+def check_x86_archive(members: list[str], opts: dict[str, str]) -> list[str]:
+    """Variants requested ON with no object in libncnn.a."""
+    return [opt for opt, suffix in X86_VARIANT_OBJECTS.items()
+            if opts.get(opt, "ON") == "ON" and not any(m.endswith(suffix + ".o") for m in members)]
 
 
 def _toolchain_file(path: Path, target: Target, wrappers: dict[str, Path]) -> None:
@@ -131,12 +186,25 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
         proc.run(cfg, what=f"configuring libncnn for {target.triple.zig}", env=toolchain.env(),
                  log=logs / "configure.log")
         njobs = jobs or os.cpu_count() or 2
+        if target.arch == "x86_64":
+            dropped = check_x86_configure((root / "build" / "CMakeCache.txt").read_text(errors="replace"), opts)
+            if dropped:
+                raise BuildError(f"libncnn for {target.triple.zig}: ISA kernels that would silently be missing: "
+                                 f"{', '.join(dropped)}", hint=f"see {logs / 'configure.log'} and "
+                                 f"{root / 'build' / 'CMakeFiles' / 'CMakeConfigureLog.yaml'}")
         proc.run(["cmake", "--build", root / "build", "-j", str(njobs)],
                  what=f"building libncnn for {target.triple.zig}", env=toolchain.env(), log=logs / "build.log")
         proc.run(["cmake", "--install", root / "build"], what="installing libncnn", log=logs / "install.log")
         if not lib.is_file():
             raise BuildError(f"libncnn build finished without {lib}")
         check_archive_arch(lib, target)
+        if target.arch == "x86_64":
+            members = proc.run(toolchain.zig() + ["ar", "t", str(lib)], what="listing libncnn.a",
+                               env=toolchain.env()).stdout.split()
+            missing = check_x86_archive(members, opts)
+            if missing:
+                raise BuildError(f"libncnn for {target.triple.zig} was built without the {', '.join(missing)} kernels",
+                                 hint=f"see {logs / 'build.log'}")
         _trim_build_dir(root / "build")
         (root / "done.json").write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1),
                                                     "options": opts}, indent=1))
