@@ -9,6 +9,7 @@
 #   util-linux       unshare (user + mount namespaces)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
@@ -21,4 +22,4 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 # The bullseye arm64 rootfs (~30-60 s, 200 MB) and a static qemu-aarch64, cached in
 # ${EDGEPACK_LAB_CACHE:-/var/cache/edgepack-lab}; the mirror comes from this machine's apt sources.
-$SUDO env EDGEPACK_LAB_CACHE="${EDGEPACK_LAB_CACHE:-/var/cache/edgepack-lab}" python3 tests/lab/rootfs.py
+$SUDO env EDGEPACK_LAB_CACHE="${EDGEPACK_LAB_CACHE:-/var/cache/edgepack-lab}" "$(command -v "$PYTHON")" tests/lab/rootfs.py

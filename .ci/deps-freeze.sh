@@ -8,8 +8,9 @@
 # installed by scripts/setup.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q \
+PYTHON="${PYTHON:-python3}"
+"$PYTHON" -m pip install -q \
     "pyinstaller==6.22.0" "pyinstaller-hooks-contrib==2026.9" "altgraph==0.17.5" \
     "jsonschema==4.26.0" "jsonschema-specifications==2025.9.1" "referencing==0.37.0" "rpds-py==0.30.0" \
     "attrs==26.1.0" "pyyaml==6.0.3"
-python3 -c "import PyInstaller, jsonschema, yaml; print('freeze deps: PyInstaller', PyInstaller.__version__)"
+"$PYTHON" -c "import PyInstaller, jsonschema, yaml; print('freeze deps: PyInstaller', PyInstaller.__version__)"

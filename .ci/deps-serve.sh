@@ -11,6 +11,7 @@
 #   pillow           the tests' independent image decoder for the onnxruntime + numpy reference
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
@@ -21,4 +22,4 @@ done
 if [ "${#need[@]}" -gt 0 ]; then
     $SUDO apt-get install -y --no-install-recommends "${need[@]}"
 fi
-python3 -m pip install "selenium==4.50.0" "pillow==13.0.0"
+"$PYTHON" -m pip install "selenium==4.50.0" "pillow==13.0.0"

@@ -10,7 +10,7 @@
 # without CMake. The apache-tvm-ffi sdist itself is fetched (sha256-pinned) on first use through
 # pip's configured index, like the ncnn sdist.
 set -euo pipefail
-PY="${PYTHON:-python3}"
+PYTHON="${PYTHON:-python3}"
 want=(
     "apache-tvm==0.27.0.post1"
     "apache-tvm-ffi==0.1.14.post1"
@@ -22,14 +22,14 @@ want=(
 missing=()
 for req in "${want[@]}"; do
     name="${req%%==*}"; version="${req##*==}"
-    have="$("$PY" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)"
+    have="$("$PYTHON" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)"
     [ "$have" = "$version" ] || missing+=("$req")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
     # All pins in one resolver run, so apache-tvm's ">=0.1.14.post0" cannot pull a newer tvm-ffi.
-    "$PY" -m pip install "${want[@]}"
+    "$PYTHON" -m pip install "${want[@]}"
 fi
-"$PY" - <<'PY'
+"$PYTHON" - <<'PY'
 import importlib.metadata as md
 assert md.version("apache-tvm-ffi") == "0.1.14.post1", md.version("apache-tvm-ffi")
 import tvm  # noqa: F401

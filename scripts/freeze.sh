@@ -7,17 +7,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-dist/frozen}"
-PY="${PYTHON:-python3}"
+PYTHON="${PYTHON:-python3}"
 want=6.22.0
-have="$("$PY" -c 'import PyInstaller; print(PyInstaller.__version__)' 2>/dev/null || true)"
+have="$("$PYTHON" -c 'import PyInstaller; print(PyInstaller.__version__)' 2>/dev/null || true)"
 if [ "$have" != "$want" ]; then
     echo "freeze: PyInstaller $want is needed (found: ${have:-none}); run: bash .ci/deps-freeze.sh" >&2
     exit 3
 fi
 start=$(date +%s)
-"$PY" -m PyInstaller packaging/edgepack.spec --distpath "$OUT" --workpath build/pyinstaller --noconfirm \
+"$PYTHON" -m PyInstaller packaging/edgepack.spec --distpath "$OUT" --workpath build/pyinstaller --noconfirm \
     --log-level "${FREEZE_LOG_LEVEL:-WARN}"
 end=$(date +%s)
 size=$(stat -c %s "$OUT/edgepack")
-glibc="$("$PY" packaging/glibc_needed.py "$OUT/edgepack")"
+glibc="$("$PYTHON" packaging/glibc_needed.py "$OUT/edgepack")"
 echo "freeze: $OUT/edgepack $((size / 1000000)) MB in $((end - start)) s; needs glibc >= $glibc"
