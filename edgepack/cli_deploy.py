@@ -37,6 +37,9 @@ def device_options(fn):
                      help="Seconds to wait for a device to answer."),
         click.option("--selftest-timeout", type=click.FloatRange(1, 86400), default=300.0, show_default=True,
                      help="Seconds the selftest/bench may run on a device."),
+        click.option("--lock-wait", type=click.FloatRange(0, 86400), default=120.0, show_default=True,
+                     help="deploy/rollback: seconds to wait while another edgepack run holds the device's "
+                          "lock (DEST/.edgepack-lock) before giving up."),
     ]
     return functools.reduce(lambda f, o: o(f), reversed(opts), fn)
 
@@ -52,6 +55,7 @@ def _setup(ctx, kw) -> tuple[list, object]:
                                   accept_new_host_key=kw["accept_new_host_key"],
                                   connect_timeout=kw["connect_timeout"]),
                    dest=kw["dest"], parallel=kw["parallel"], selftest_timeout=kw["selftest_timeout"],
+                   lock_wait=kw["lock_wait"],
                    debug=bool(ctx.obj and ctx.obj.debug))
     return devices, opts
 

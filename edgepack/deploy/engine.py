@@ -5,24 +5,29 @@ failure is that device's row in the table, not the end of the run.
 """
 from __future__ import annotations
 
+import re
+import shlex
 import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import EdgepackError
-from . import release
+from ..errors import DeployError, EdgepackError
+from . import lock, release
 from .artifact import ArtifactInfo
-from .connector import ConnectionLost, Connector, Progress, Unreachable
+from .connector import CommandTimeout, ConnectionLost, Connector, Progress, Unreachable
 from .device import Device
-from .probe import DeviceFacts, check_fits, dest_for, probe
+from .probe import DeviceFacts, check_fits, dest_for, parse_probe, probe, probe_script
 from .release import Links
 from .results import (DEPLOYED, FAILED, NO_CHANGE, OK, PASS, ROLLED_BACK, SKIPPED, UNREACHABLE,
                       DeviceResult)
 from .selftest import exe_path, run_bench, run_selftest
 from .ssh import SSHOptions, connect
+
+_RELEASE_RE = re.compile(rf"{release.RELEASES}/[0-9a-f]{{16}}")
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class Options:
     parallel: int = 4
     fail_fast: bool = False
     selftest_timeout: float = 300.0    # qemu-emulated devices are slow
+    lock_wait: float = 120.0           # seconds to wait for another run's lock on the same DEST
+    lock_stale: float = 3600.0         # a lock older than this (device clock) is taken over
     debug: bool = False
 
 
@@ -74,6 +81,25 @@ def _current_name(facts: DeviceFacts) -> str | None:
     return None
 
 
+def _refuse_layout(facts: DeviceFacts) -> None:
+    if facts.releases_link is not None:
+        raise release.releases_symlink_error(facts.dest, facts.releases_link)
+
+
+@contextmanager
+def _locked(conn: Connector, device: Device, dest: str, opts: Options, op: str, run: _Run):
+    """Hold DEST's lock and re-probe in the same round trip: act on what is there now, not on what
+    was there before another run finished."""
+    with lock.held(conn, dest, device=device.name, op=op, wait=opts.lock_wait, stale_after=opts.lock_stale,
+                   then=probe_script(dest)) as out:
+        facts = parse_probe(out)
+        if not facts.dest:
+            raise DeployError(f"{device.name}: the device's shell did not answer the probe under the lock")
+        run.facts = facts
+        _refuse_layout(facts)
+        yield facts
+
+
 def deploy_one(device: Device, artifact: ArtifactInfo, opts: Options,
                progress: Progress | None = None) -> DeviceResult:
     run = _Run(device, artifact.target)
@@ -81,31 +107,60 @@ def deploy_one(device: Device, artifact: ArtifactInfo, opts: Options,
         with open_connector(device, opts) as conn:
             run.facts = facts = probe(conn, device, dest_for(device, opts.dest))
             check_fits(device, artifact, facts)
-            dest = facts.dest
-            if facts.current_sha() == artifact.sha256:  # compare before acting
+            _refuse_layout(facts)
+            if facts.current_sha() == artifact.sha256:  # compare before acting (current is always tested)
                 return run.result(NO_CHANGE, f"{artifact.short[:8]} is already current", sha256=artifact.sha256)
-            rel = _install(conn, artifact, facts, progress, run)
-            if isinstance(rel, DeviceResult):
-                return rel
-            old = Links(facts.current, facts.previous)
-            new = Links(rel, facts.current if facts.current and facts.current != rel else facts.previous)
-            release.switch(conn, dest, new)
-            test = run_selftest(conn, exe_path(dest, artifact.name), opts.selftest_timeout)
-            if test.passed:
-                release.prune(conn, dest, new, present=facts.releases + (rel.split("/", 1)[1],))
-                return run.result(DEPLOYED, f"{artifact.short[:8]} installed"
-                                  + (f", previous {old.current.split('/')[-1][:8]} kept" if old.current else ""),
-                                  latency_ms=test.latency_ms, sha256=artifact.sha256)
-            # Back to exactly what was there before; the failed release is removed.
-            release.switch(conn, dest, old)
-            release.prune(conn, dest, old)
-            back = f"back to {old.current.split('/')[-1][:8]}" if old.current else "nothing was installed before"
-            return run.result(ROLLED_BACK, f"selftest failed on the device (exit {test.rc}); {back}",
-                              latency_ms=test.latency_ms, output=test.output,
-                              sha256=facts.current_sha(), hint="run the artifact's selftest locally; "
-                              "check the target (CPU features, glibc) matches the device")
+            with _locked(conn, device, facts.dest, opts, "deploy", run) as facts:
+                if facts.current_sha() == artifact.sha256:  # another run installed it while we waited
+                    return run.result(NO_CHANGE, f"{artifact.short[:8]} is already current",
+                                      sha256=artifact.sha256)
+                return _deploy_locked(conn, artifact, facts, opts, progress, run)
     except Exception as exc:  # noqa: BLE001 - every failure becomes this device's row
         return run.error(exc, opts.debug)
+
+
+def _short(link: str | None) -> str:
+    return link.split("/")[-1][:8] if link else "nothing"
+
+
+def _deploy_locked(conn: Connector, artifact: ArtifactInfo, facts: DeviceFacts, opts: Options,
+                   progress: Progress | None, run: _Run) -> DeviceResult:
+    dest = facts.dest
+    rel = _install(conn, artifact, facts, progress, run)
+    if isinstance(rel, DeviceResult):
+        return rel
+    old = Links(facts.current, facts.previous)
+    present = facts.releases + (rel.split("/", 1)[1],)
+    # The new release is tested where it lies, before `current` moves: a cut or a timeout during the
+    # selftest leaves the previous, tested version current, and the next run tests this one again.
+    exe = shlex.quote(f"{dest}/{rel}/{artifact.name}")
+    back = f"{_short(old.current)} stays current" if old.current else "nothing was installed before"
+    try:
+        test = run_selftest(conn, exe, opts.selftest_timeout)
+    except CommandTimeout:
+        release.prune(conn, dest, old, present)
+        return run.result(ROLLED_BACK, f"selftest did not finish within {opts.selftest_timeout:g} s on the "
+                          f"device; {back}", sha256=facts.current_sha(),
+                          hint="raise --selftest-timeout for slow (emulated) devices, or run the artifact's "
+                               "selftest on the device to see where it hangs")
+    except ConnectionLost as exc:
+        raise ConnectionLost(f"{exc.message.rstrip('.')} (during the on-device selftest of "
+                             f"{artifact.short[:8]}); {back}",
+                             hint="rerun the deploy when the device is back: the uploaded version is "
+                                  "selftested again before it becomes current") from None
+    if not test.passed:
+        release.prune(conn, dest, old, present)  # the failed release goes; current never moved
+        return run.result(ROLLED_BACK, f"selftest failed on the device (exit {test.rc}); "
+                          + (f"back to {_short(old.current)}" if old.current else back),
+                          latency_ms=test.latency_ms, output=test.output,
+                          sha256=facts.current_sha(), hint="run the artifact's selftest locally; "
+                          "check the target (CPU features, glibc) matches the device")
+    new = Links(rel, facts.current if facts.current and facts.current != rel else facts.previous)
+    release.switch(conn, dest, new)
+    release.prune(conn, dest, new, present)
+    return run.result(DEPLOYED, f"{artifact.short[:8]} installed"
+                      + (f", previous {_short(old.current)} kept" if old.current else ""),
+                      latency_ms=test.latency_ms, sha256=artifact.sha256)
 
 
 def _install(conn: Connector, artifact: ArtifactInfo, facts: DeviceFacts, progress: Progress | None,
@@ -113,10 +168,9 @@ def _install(conn: Connector, artifact: ArtifactInfo, facts: DeviceFacts, progre
     """Upload unless this exact version is already in releases/ (a roll-forward); returns its path."""
     rel = release.release_dir(artifact)
     dest = facts.dest
-    if rel.split("/", 1)[1] in facts.releases:
-        res = conn.run(f"sha256sum -- {release.shlex.quote(f'{dest}/{rel}/{artifact.name}')}", 60)
-        if res.rc == 0 and res.stdout.split()[:1] == [artifact.sha256]:
-            return rel
+    if rel.split("/", 1)[1] in facts.releases and release.release_sha(conn, dest, rel, artifact.name) \
+            == artifact.sha256:
+        return rel
     # a leftover in releases/<sha16> that is not the artifact: upload() replaces it, unless it is in use
     if rel in (facts.current, facts.previous):
         return run.result(FAILED, f"{dest}/{rel} exists but does not hold {artifact.name} {artifact.short}",
@@ -176,24 +230,44 @@ def smoke_one(device: Device, opts: Options, bench: bool = False) -> DeviceResul
 
 
 def rollback_one(device: Device, opts: Options) -> DeviceResult:
+    """Swap current and previous, after checking previous is a whole edgepack release whose artifact
+    still has its recorded sha256 and passes its selftest where it lies; otherwise change nothing."""
     run = _Run(device, device.target, "rollback")
     try:
         with open_connector(device, opts) as conn:
             run.facts = facts = probe(conn, device, dest_for(device, opts.dest))
+            _refuse_layout(facts)
             if not facts.previous:
                 return run.result(FAILED, f"no previous version in {facts.dest}", hint="nothing to roll back to")
-            # swap: rolling back twice rolls forward again
-            release.switch(conn, facts.dest, Links(facts.previous, facts.current))
-            after = probe(conn, device, facts.dest)
-            name = _current_name(after)
-            test = run_selftest(conn, exe_path(facts.dest, name), opts.selftest_timeout) if name else None
-            ok = test is not None and test.passed
-            return run.result(ROLLED_BACK if ok else FAILED,
-                              f"current -> {facts.previous}; selftest {'passed' if ok else 'FAILED'}",
-                              latency_ms=test.latency_ms if test else None, sha256=after.current_sha(),
-                              output="" if ok or test is None else test.output)
+            with _locked(conn, device, facts.dest, opts, "rollback", run) as facts:
+                return _rollback_locked(conn, facts, opts, run)
     except Exception as exc:  # noqa: BLE001
         return run.error(exc, opts.debug)
+
+
+def _rollback_locked(conn: Connector, facts: DeviceFacts, opts: Options, run: _Run) -> DeviceResult:
+    dest, target = facts.dest, facts.previous
+    unchanged = "nothing was changed" + (f", {_short(facts.current)} stays current" if facts.current else "")
+    if not target:
+        return run.result(FAILED, f"no previous version in {dest}", hint="nothing to roll back to")
+    info = release.read_release(conn, dest, target) if _RELEASE_RE.fullmatch(target) else None
+    if info is None:
+        return run.result(FAILED, f"{dest}/previous -> {target}, which is not an edgepack release on the "
+                          f"device (missing, or not made by edgepack); {unchanged}", sha256=facts.current_sha(),
+                          hint="deploy the version you want instead: edgepack deploy ARTIFACT")
+    if not info or info.get("sha_now") is None or info["sha_now"] != info.get("sha256"):
+        return run.result(FAILED, f"{dest}/{target} is damaged (its artifact is missing or does not match "
+                          f"the sha256 in its release.json); {unchanged}", sha256=facts.current_sha(),
+                          hint="deploy the version you want instead: edgepack deploy ARTIFACT")
+    test = run_selftest(conn, shlex.quote(f"{dest}/{target}/{info['artifact']}"), opts.selftest_timeout)
+    if not test.passed:
+        return run.result(FAILED, f"the previous version {_short(target)} fails its selftest on the device "
+                          f"(exit {test.rc}); {unchanged}", latency_ms=test.latency_ms, output=test.output,
+                          sha256=facts.current_sha(), hint="deploy a version that works instead")
+    # swap: rolling back twice rolls forward again
+    release.switch(conn, dest, Links(target, facts.current))
+    return run.result(ROLLED_BACK, f"current -> {target}; selftest passed", latency_ms=test.latency_ms,
+                      sha256=info["sha_now"])
 
 
 def run_all(devices: list[Device], fn: Callable[[Device], DeviceResult], parallel: int,

@@ -31,6 +31,7 @@ class DeviceFacts:
     files: tuple[tuple[str, str], ...]   # (name, sha256) of the files in DEST/current
     releases: tuple[str, ...] = ()       # folder names under DEST/releases (with .incoming-* leftovers)
     has_releases: bool = False           # DEST/releases exists
+    releases_link: str | None = None     # where DEST/releases points when it is a symlink (refused)
 
     def runs(self, arch: str) -> bool:
         return arch == self.arch or arch in self.emulates
@@ -62,6 +63,9 @@ def shell_path(path: str) -> str:
 
 
 def probe_script(dest: str) -> str:
+    # Only release names edgepack could have made are listed (a foreign name with a newline must not
+    # forge probe lines). Files are hashed from stdin because sha256sum escapes names holding a backslash
+    # or a newline in its own output; names travel hex-encoded, so any byte in a file name survives.
     # Few processes on purpose: on slow boards (and under qemu) every fork+exec costs tens of ms, so
     # shell builtins (read, parameter expansion) do what head/grep/sed/dirname would.
     return f"""D={shell_path(dest)}
@@ -83,9 +87,15 @@ df -Pk "$d" 2>/dev/null | {{ last=""; while read -r l; do last="$l"; done; echo 
 [ -L "$D/current" ] && echo "@current $(readlink "$D/current")"
 [ -L "$D/previous" ] && echo "@previous $(readlink "$D/previous")"
 for r in "$D"/releases/*/ "$D"/releases/.incoming-*/; do
-  [ -d "$r" ] && r="${{r%/}}" && echo "@release ${{r##*/}}"
+  r="${{r%/}}"; r="${{r##*/}}"
+  case "$r" in *[!0-9a-z.-]*) continue;; esac
+  [ -d "$D/releases/$r" ] && echo "@release $r"
 done 2>/dev/null
-if [ -d "$D/current/" ]; then (cd "$D/current/" && sha256sum -- * 2>/dev/null) | while read -r h f; do echo "@file $h  $f"; done; fi
+[ -L "$D/releases" ] && echo "@releases_link $(readlink "$D/releases")"
+for f in "$D"/current/*; do
+  [ -f "$f" ] && [ ! -L "$f" ] && [ "${{f##*/}}" != release.json ] || continue
+  h=$(sha256sum < "$f") && echo "@fileh ${{h%% *}} $(printf %s "${{f##*/}}" | od -An -v -tx1 | tr -d ' \n')"
+done 2>/dev/null
 true
 """
 
@@ -109,14 +119,19 @@ def parse_probe(text: str) -> DeviceFacts:
     df = one("df").split()
     free = int(df[-3]) * 1024 if len(df) >= 6 and df[-3].isdigit() else None
     files = []
-    for f in vals.get("file", []):
+    for f in vals.get("file", []):  # the older `sha256sum` form: kept for probes of older versions
         sha, _, name = f.partition("  ")
         if re.fullmatch(r"[0-9a-f]{64}", sha):
             files.append((name, sha))
+    for f in vals.get("fileh", []):
+        sha, _, hexname = f.partition(" ")
+        if re.fullmatch(r"[0-9a-f]{64}", sha) and re.fullmatch(r"(?:[0-9a-f]{2})+", hexname):
+            files.append((bytes.fromhex(hexname).decode("utf-8", "surrogateescape"), sha))
     return DeviceFacts(uname=uname, arch=_ARCH_ALIASES.get(uname, uname), glibc=m.group(1) if m else None,
                        emulates=tuple(emulates), home=one("home"), dest=one("dest"), free_bytes=free,
                        current=one("current") or None, previous=one("previous") or None, files=tuple(files),
-                       releases=tuple(vals.get("release", [])), has_releases=bool(vals.get("has_releases")))
+                       releases=tuple(vals.get("release", [])), has_releases=bool(vals.get("has_releases")),
+                       releases_link=(vals.get("releases_link") or [None])[0])
 
 
 def probe(conn: Connector, device: Device, dest: str, timeout: float = 60) -> DeviceFacts:

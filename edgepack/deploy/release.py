@@ -5,9 +5,13 @@
     DEST/current  -> releases/<sha16>     what runs; replaced atomically by rename(2)
     DEST/previous -> releases/<sha16>     what `rollback` and a failed selftest go back to
 
+    DEST/releases/<sha16>/.edgepack-release   the marker: edgepack made this folder (prune needs it)
+
 A new version is uploaded into DEST/releases/.incoming-<random>/, verified by sha256 on the device and
 only then renamed to releases/<sha16>: a cut connection or a full disk leaves an .incoming folder
 (removed by the next deploy) but never a half-written release, and never touches `current`.
+`current` only ever points at a release whose selftest passed on the device (engine.py tests a release
+in place before switching). Pruning removes only marked folders, never through a symlinked `releases`.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from .artifact import ArtifactInfo
 from .connector import Connector, Progress
 
 RELEASES = "releases"
+MARKER = ".edgepack-release"
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ def upload(conn: Connector, artifact: ArtifactInfo, dest: str, progress: Progres
                               hint="pick a writable --dest (or `dest` in the inventory)")
     remote = f"{incoming}/{artifact.name}"
     try:
+        conn.write_bytes(artifact.sha256.encode() + b"\n", f"{incoming}/{MARKER}")  # first: prune may clean up
         conn.put(artifact.path, remote, progress)
         conn.write_bytes(json.dumps({"artifact": artifact.name, "sha256": artifact.sha256,
                                      "target": artifact.target, "model": artifact.model,
@@ -84,7 +90,7 @@ def upload(conn: Connector, artifact: ArtifactInfo, dest: str, progress: Progres
     # The device computes the hash itself (what runs is exactly what we built); verify and move in one
     # round trip: only a verified upload becomes releases/<sha16>.
     final = f"{dest}/{rel}"
-    res = conn.run(f"h=$(sha256sum -- {q(remote)} | cut -c1-64)\n"
+    res = conn.run(f"h=$(sha256sum < {q(remote)}); h=${{h%% *}}\n"
                    f"if [ \"$h\" = {q(artifact.sha256)} ]; then rm -rf -- {q(final)} && mv -- {q(incoming)} {q(final)}"
                    f" && echo VERIFIED; else echo \"MISMATCH $h\"; rm -rf -- {q(incoming)}; fi", timeout)
     if "VERIFIED" not in res.stdout:
@@ -96,13 +102,62 @@ def upload(conn: Connector, artifact: ArtifactInfo, dest: str, progress: Progres
     return rel
 
 
+def releases_symlink_error(dest: str, target: str) -> DeployError:
+    return DeployError(f"{dest}/{RELEASES} is a symlink (-> {target}); edgepack neither installs nor prunes "
+                       "through it, so nothing was changed",
+                       hint=f"make {dest}/{RELEASES} a real folder (move its contents), or deploy to another "
+                            "--dest")
+
+
+def release_sha(conn: Connector, dest: str, rel: str, name: str, timeout: float = 60) -> str | None:
+    """sha256 of DEST/<rel>/<name> when <rel> is a real, marked release folder; else None."""
+    q = shlex.quote
+    r = f"{dest}/{rel}"
+    res = conn.run(f"r={q(r)}; [ -d \"$r\" ] && [ ! -L \"$r\" ] && [ -f \"$r/{MARKER}\" ] && "
+                   f"h=$(sha256sum < {q(r + '/' + name)}) && echo \"@sha ${{h%% *}}\"", timeout)
+    for line in res.stdout.splitlines():
+        if line.startswith("@sha ") and len(line) == 5 + 64:
+            return line[5:]
+    return None
+
+
+def read_release(conn: Connector, dest: str, rel: str, timeout: float = 60) -> dict | None:
+    """release.json of a real, marked release folder, with the sha256 the device computes for its
+    artifact now (``sha_now``); None when the folder is missing, a symlink or not edgepack's."""
+    q = shlex.quote
+    r = f"{dest}/{rel}"
+    res = conn.run(f"r={q(r)}; [ -d \"$r\" ] && [ ! -L \"$r\" ] && [ -f \"$r/{MARKER}\" ] || exit 0\n"
+                   f"echo \"@json $(head -c 65536 \"$r/release.json\" | tr -d '\\n')\"", timeout)
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("@json ")), None)
+    if line is None:
+        return None
+    try:
+        info = json.loads(line[6:])
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or not isinstance(info.get("artifact"), str) or "/" in info["artifact"]:
+        return {}
+    info["sha_now"] = release_sha(conn, dest, rel, info["artifact"], timeout)
+    return info
+
+
 def prune(conn: Connector, dest: str, keep: Links, present: tuple[str, ...] | None = None,
           timeout: float = 120) -> None:
-    """Remove releases other than current and previous, and leftover .incoming folders."""
+    """Remove edgepack's releases other than current and previous, and leftover .incoming folders.
+    Only real folders carrying the marker are removed (an empty .incoming folder is rmdir'ed): anything
+    else a user keeps in DEST/releases stays. Called with the device's lock held."""
     names = [link.split("/", 1)[1] for link in (keep.current, keep.previous) if link and "/" in link]
     if present is not None and not set(present) - set(names):
         return  # nothing to remove: save the round trip
     pattern = "|".join(shlex.quote(n) for n in names) or "''"
-    conn.run(f"cd -- {shlex.quote(dest + '/' + RELEASES)} 2>/dev/null || exit 0\n"
-             f"for r in * .incoming-*; do case \"$r\" in {pattern}|'*'|'.incoming-*') ;; "
-             f"*) rm -rf -- \"$r\";; esac; done", timeout)
+    res = conn.run(f"R={shlex.quote(dest + '/' + RELEASES)}\n"
+                   f"[ -L \"$R\" ] && {{ echo '@symlink'; exit 0; }}\n"
+                   f"cd -- \"$R\" 2>/dev/null || exit 0\n"
+                   f"for r in * .incoming-*; do\n"
+                   f"  case \"$r\" in {pattern}) continue;; esac\n"
+                   f"  [ -d \"$r\" ] && [ ! -L \"$r\" ] || continue\n"
+                   f"  if [ -f \"$r/{MARKER}\" ] && [ ! -L \"$r/{MARKER}\" ]; then rm -rf -- \"$r\"\n"
+                   f"  else case \"$r\" in .incoming-*) rmdir -- \"$r\" 2>/dev/null;; esac; fi\n"
+                   f"done\ntrue", timeout)
+    if "@symlink" in res.stdout:
+        raise releases_symlink_error(dest, "?")

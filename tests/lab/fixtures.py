@@ -23,6 +23,16 @@ def lab(tmp_path):
         the_lab.close()
 
 
+@pytest.fixture(scope="module")
+def module_lab(tmp_path_factory):
+    """One lab for a whole test module (devices start once; tests keep apart by --dest)."""
+    the_lab = Lab(tmp_path_factory.mktemp("lab"))
+    try:
+        yield the_lab
+    finally:
+        the_lab.close()
+
+
 def edgepack(*args, timeout: float = 300, env=None) -> subprocess.CompletedProcess:
     """The real command line, in a subprocess (exit codes and stderr exactly as a user sees them)."""
     # a wide console: rich would otherwise wrap the table's cells at 80 columns
