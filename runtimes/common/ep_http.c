@@ -1,6 +1,6 @@
 /* HTTP/1.x request-head parser for untrusted bytes (fuzzed: tests/fuzz/http_fuzz.c).
  * Only what `serve` needs: method, path, Content-Type, Content-Length, Transfer-Encoding, Expect. */
-#include "ep_io.h"
+#include "ep_server.h"
 
 #include <string.h>
 
@@ -110,6 +110,46 @@ int ep_http_parse(const char *buf, size_t len, ep_http_req *r) {
     }
     if (r->chunked && r->content_length >= 0) return -400; /* request smuggling shape */
     return (int)end;
+}
+
+/* Does the comma-separated token list [v, v+vl) hold TOKEN (case-insensitive)? */
+static int has_token(const char *v, size_t vl, const char *token) {
+    size_t i = 0;
+    while (i < vl) {
+        while (i < vl && (v[i] == ' ' || v[i] == '\t' || v[i] == ',')) i++;
+        size_t s = i;
+        while (i < vl && v[i] != ',') i++;
+        size_t e = i;
+        while (e > s && (v[e - 1] == ' ' || v[e - 1] == '\t')) e--;
+        if (e > s && ieq(v + s, e - s, token)) return 1;
+    }
+    return 0;
+}
+
+int ep_http_keep_alive(const char *b, size_t len) {
+    /* the request line was validated by ep_http_parse: "METHOD SP TARGET SP HTTP/1.x" */
+    size_t pos = 0;
+    while (pos < len && b[pos] != '\n') pos++;
+    if (pos < 9) return 0;
+    size_t ve = pos > 0 && b[pos - 1] == '\r' ? pos - 1 : pos;
+    if (ve < 8) return 0;
+    int keep = memcmp(b + ve - 8, "HTTP/1.1", 8) == 0;
+    pos++;
+    while (pos < len) {
+        size_t ls = pos;
+        while (pos < len && b[pos] != '\n') pos++;
+        size_t le = pos;
+        pos++;
+        if (le > ls && b[le - 1] == '\r') le--;
+        if (le == ls) break; /* end of head */
+        const char *colon = memchr(b + ls, ':', le - ls);
+        if (!colon || !ieq(b + ls, (size_t)(colon - (b + ls)), "connection")) continue;
+        const char *v = colon + 1;
+        size_t vl = (size_t)(b + le - v);
+        if (has_token(v, vl, "close")) return 0;
+        if (has_token(v, vl, "keep-alive")) keep = 1;
+    }
+    return keep;
 }
 
 EP_SIZE_OPT_END
