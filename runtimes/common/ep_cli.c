@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "ep_runtime.h"
 #include "ep_io.h"
+#include "ep_server.h" /* serve limit options (issue #11) */
 
 #include <errno.h>
 #include <math.h>
@@ -23,6 +24,7 @@ static const char USAGE[] =
     "  run --input-dir DIR [--output results.jsonl]    one JSON line per file (bad files: error lines)\n"
     "  run --input rows.csv [--output out.csv|out.jsonl] one run per CSV row\n"
     "  serve [--port P] [--host 127.0.0.1] [--idle-timeout S] [--max-body BYTES] [--threads N]\n"
+    EP_SERVE_OPTIONS_USAGE
     "                                         HTTP: GET / (try-it page), POST /predict, GET /info, /health\n"
     "  selftest [--threads N] [--runs N] [--warmup N] [--json]\n"
     "                                         check the embedded golden output (exit 0 PASS, 1 FAIL)\n"
@@ -51,6 +53,7 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 
 static int parse_opts(int argc, char **argv, int start, cli_opts *o, ep_status *st) {
     memset(o, 0, sizeof *o);
+    int k;
     o->threads = 0;
     o->runs = -1;   /* -1: the command's own default (bench 50/5, selftest 3/1) */
     o->warmup = -1;
@@ -102,6 +105,9 @@ static int parse_opts(int argc, char **argv, int start, cli_opts *o, ep_status *
         } else if (strcmp(a, "--warmup") == 0) {
             if (!v || !parse_int(v, 0, 1000000, &o->warmup))
                 return ep_fail(st, EP_ERR_USAGE, "--warmup needs a number >= 0");
+            i++;
+        } else if ((k = ep_serve_option(a, v, st)) != 0) { /* --max-pixels, --max-conns, ... */
+            if (k < 0) return st->code;
             i++;
         } else {
             return ep_fail(st, EP_ERR_USAGE, "unknown option %s", a);
