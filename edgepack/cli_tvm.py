@@ -19,18 +19,27 @@ from .cli import cli, err_console, out_console
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--target", "-t", "target_spec", required=True, help="Target name or alias.")
-@click.option("--trials", type=click.IntRange(min=1), default=256, show_default=True,
-              help="MetaSchedule trials over all tasks (tens for a smoke test, hundreds+ for speed).")
+@click.option("--budget", default="20m", show_default=True, metavar="DURATION",
+              help="Search time (20m, 90s, 1h30m); tuning stops after the batch that crosses it.")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Also stop after this many measured candidates over all tasks (a smoke test: 2).")
 @click.option("--out-db", type=click.Path(path_type=Path), default=None,
-              help="Write the database here (default: the cache, where builds find it by model+target).")
+              help="Extend this database instead of the target's own in the cache (builds use the cache's "
+                   "by target; pass --tuning-db PATH for another).")
+@click.option("--no-measure", is_flag=True, help="Skip timing the model before/after (saves two compiles).")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224")
 @click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path))
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim (must match the build's setting).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Parallel candidate builds.")
 @click.option("--json", "as_json", is_flag=True)
-def tune(model, target_spec, trials, out_db, input_shapes, targets_dir, no_simplify, workers, as_json):
-    """Tune MODEL's kernels for a target (TVM MetaSchedule); later builds use the result."""
+def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, targets_dir, no_simplify, workers,
+         as_json):
+    """Tune MODEL's kernels for a target (TVM MetaSchedule) within a time budget.
+
+    The target's database accumulates: kernels another model already tuned are reused, and every
+    later build for the target applies what is there."""
+    from .backends.tvm.tuning import parse_budget
     from .backends.tvm.tuning import tune as run_tune
     from .model import parse_shape_args
     from .pipeline import BuildOptions, prepare
@@ -45,30 +54,43 @@ def tune(model, target_spec, trials, out_db, input_shapes, targets_dir, no_simpl
     def log(msg):
         err_console.print(f"[dim]{escape(msg)}[/dim]")
 
-    log(f"tuning {prep.model.name} for {target.name}: {trials} trials (MetaSchedule)")
+    budget_s = parse_budget(budget)
+    log(f"tuning {prep.model.name} for {target.name} (MetaSchedule): budget {budget_s:.0f} s"
+        + (f", at most {trials} trials" if trials else ""))
     # MetaSchedule and its worker processes print progress on stdout (from C++ too): send fd 1 to
     # stderr while tuning so that stdout carries only the summary (--json stays parseable).
     sys.stdout.flush()
     saved = os.dup(1)
     os.dup2(2, 1)
     try:
-        res = run_tune(prep.model, target, trials, out_dir=out_db, workers=workers, log=log)
+        res = run_tune(prep.model, target, trials, budget_s=budget_s, out_dir=out_db, workers=workers,
+                       measure=not no_measure, log=log)
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+    label = "proxy-tuned (measured on this machine, not the device)" if res.proxy else "tuned"
     summary = {"model": str(model), "target": target.name, "database": str(res.path), "trials": res.trials,
-               "tasks": res.tasks, "records": res.records, "seconds": round(res.seconds, 1), "proxy": res.proxy}
+               "tasks": res.tasks, "tasks_reused": res.tuned_before, "tasks_tuned": res.tuned_now,
+               "records": res.records, "seconds": round(res.seconds, 1), "budget_s": res.budget_s,
+               "proxy": res.proxy, "label": label, "measured_with": res.measured_with,
+               "ms_untuned": res.ms_before, "ms_tuned": res.ms_after}
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
-        out_console.print(f"tuning database: {escape(str(res.path))} ({res.records} records for {res.tasks} "
-                          f"workloads, {res.seconds:.0f} s)")
+        out_console.print(f"tuning database: {escape(str(res.path))} ({res.records} records; {label})")
+        out_console.print(f"tasks: {res.tasks}; with a schedule: {res.tuned_now} ({res.tuned_before} reused from "
+                          f"earlier tunes); {res.trials} candidates measured in {res.seconds:.0f} s")
+        if res.ms_before is not None and res.ms_after is not None:
+            where = "this machine as a proxy" if res.proxy else "this machine"
+            out_console.print(f"what it bought: {res.ms_before:.2f} ms untuned -> {res.ms_after:.2f} ms tuned "
+                              f"({res.ms_before / max(res.ms_after, 1e-9):.1f}x, TVM in-process on {where}, "
+                              f"mcpu {res.measured_with.get('mcpu')})")
         if out_db:
             out_console.print(f"use it with: edgepack build {escape(str(model))} --target {target.name} "
                               f"--backend tvm --tuning-db {escape(str(res.path))}")
         else:
-            out_console.print("later `edgepack build` runs for this model and target use it automatically")
+            out_console.print(f"later `edgepack build` runs for {target.name} (any model) use it automatically")
 
 
 def _add_tuning_db_option() -> None:

@@ -39,7 +39,7 @@ class TvmBackend:
     def compile(self, req: CompileRequest) -> EngineBuild:
         from .compile import compile_model
         from .runtime_lib import build_runtime
-        from .target_map import target_dict, tvm_target
+        from .target_map import isa_variants, target_dict, tvm_target, tvm_target_of
         from .tuning import find_database
         from ...toolchains import Toolchain  # noqa: F401  (type only)
 
@@ -48,24 +48,50 @@ class TvmBackend:
         from .compile import TVM_LOCK
         with TVM_LOCK:
             tgt = tvm_target(req.target)
-        compiled = compile_model(req.model, tgt, req.workdir / "tvm", tuning_db=db, log=req.log)
+            variants = [(lv, prefix, tvm_target_of(req.target, d)) for lv, prefix, d in isa_variants(req.target)]
+        compiled = compile_model(req.model, tgt, req.workdir / "tvm", tuning_db=db, log=req.log, variants=variants)
         rt = build_runtime(req.target, req.toolchain, log=req.log)
         notes = [f"tvm: {why}"]
+        proxy = False
+        if db is not None:
+            import json as _json
+            try:
+                proxy = bool(_json.loads((db / "meta.json").read_text()).get("proxy", False))
+            except (OSError, ValueError):
+                proxy = False
+            k, n = compiled.tuned_kernels
+            notes.append(f"tvm: the database scheduled {k} of {n} kernels"
+                         + (" (proxy-tuned: measured on the build machine, not the device)" if proxy else ""))
+        base_cpu = target_dict(req.target)["mcpu"]
+        options = {"tvm.entry": "main"}
+        if compiled.variants:
+            # best first; the engine takes the first level the CPU has, else the base kernels
+            options["tvm.isa"] = ";".join(f"{v.level}={v.prefix}" for v in compiled.variants)
+            options["tvm.isa_base"] = base_cpu
+            extra = sum(v.code_bytes for v in compiled.variants)
+            notes.append(f"tvm: kernels for {base_cpu} + {', '.join(v.level for v in compiled.variants)} "
+                         f"(picked at start-up by CPUID; +{extra / 1e6:.2f} MB over the {base_cpu} kernels' "
+                         f"{compiled.base_code_bytes / 1e6:.2f} MB)")
         if req.precision == "fp16":
             notes.append("tvm: computes in fp32 (fp16 storage is an NCNN feature); tolerance is fp32's")
         return EngineBuild(
             backend=self.name,
             sources=(runtimes_dir() / "tvm" / "ep_engine_tvm.cc",),
             include_dirs=rt.include_dirs,
-            link_inputs=(compiled.lib0, compiled.devc),
+            link_inputs=(compiled.lib0, compiled.devc, *(v.lib0 for v in compiled.variants)),
             link_flags=("-Wl,--whole-archive", *(str(a) for a in rt.archives), "-Wl,--no-whole-archive"),
             model_blobs=(),
-            options={"tvm.entry": "main"},
+            options=options,
             tolerance=TOLERANCES["fp32"],
             manifest={"apache-tvm": TVM_VERSION, "apache-tvm-ffi": TVM_FFI_VERSION, "target": target_dict(req.target),
                       "pipeline": "cpu_generic fused" + (" + MetaSchedule database" if db else " (untuned)"),
                       "tuned": db is not None, "tuning_db": db.name if db else None, "compute_precision": "fp32",
-                      "compile_seconds": compiled.seconds, "runtime": rt.manifest()},
+                      "tuned_kernels": list(compiled.tuned_kernels) if db else None,
+                      "proxy_tuned": proxy if db else None,
+                      "compile_seconds": compiled.seconds, "runtime": rt.manifest(),
+                      "isa_levels": [{"level": base_cpu, "prefix": "", "kernel_bytes": compiled.base_code_bytes}]
+                      + [{"level": v.level, "prefix": v.prefix, "kernel_bytes": v.code_bytes, "kernels": v.kernels,
+                          "missing_kernels": list(v.missing)} for v in compiled.variants]},
             notes=tuple(notes),
             weight_bytes=compiled.weight_bytes,
         )

@@ -1,5 +1,11 @@
 """ONNX -> relax (from_onnx) -> the fused CPU pipeline (+ a tuning database when there is one)
--> relax.build(system_lib=True) -> lib0.o (kernels) + devc.o (VM bytecode and weights)."""
+-> relax.build(system_lib=True) -> lib0.o (kernels) + devc.o (VM bytecode and weights).
+
+ISA variants (x86_64): the same fused module is built again per extra ISA level with a
+system-lib symbol prefix; only that build's kernels (lib0.o) are kept. tvm-ffi's SystemLib(prefix)
+resolves a kernel as prefix+name first and plain name second, and the VM bytecode + weights
+(devc.o, registered without prefix) are found by the same fallback, so one copy of the weights
+serves every level."""
 from __future__ import annotations
 
 import struct
@@ -22,12 +28,25 @@ TVM_LOCK = threading.RLock()
 
 
 @dataclass(frozen=True)
+class IsaVariant:
+    level: str           # e.g. x86-64-v3
+    prefix: str          # system-lib symbol prefix the engine asks for
+    lib0: Path           # the kernels compiled for that level
+    kernels: int         # kernels it holds
+    missing: tuple[str, ...]  # base kernels it lacks (the engine falls back to the base ones)
+    code_bytes: int      # bytes of its allocated sections (its size cost)
+
+
+@dataclass(frozen=True)
 class CompiledModel:
     lib0: Path           # kernels, compiled for the target's CPU
     devc: Path           # VM bytecode + constants (weights)
     weight_bytes: int    # bytes of devc.o's data sections
     seconds: dict        # stage -> seconds
     tuned: bool
+    variants: tuple[IsaVariant, ...] = ()
+    base_code_bytes: int = 0
+    tuned_kernels: tuple[int, int] = (0, 0)  # (kernels the database scheduled, kernels)
 
 
 def import_tvm():
@@ -91,6 +110,15 @@ def lower_pipeline(tvm_target):
     return _lower
 
 
+def scheduled_count(mod) -> tuple[int, int]:
+    """(PrimFuncs marked scheduled, PrimFuncs) in a module."""
+    import tvm
+    funcs = [f for _gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    done = sum(1 for f in funcs if f.attrs is not None and "tirx.is_scheduled" in f.attrs
+               and bool(f.attrs["tirx.is_scheduled"]))
+    return done, len(funcs)
+
+
 def apply_database(mod, tvm_target, db_dir: Path):
     import tvm
     from tvm import relax
@@ -101,14 +129,55 @@ def apply_database(mod, tvm_target, db_dir: Path):
 
 
 def compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: Path | None = None,
-                  log=print) -> CompiledModel:
+                  log=print, variants=()) -> CompiledModel:
+    """``variants``: (level, prefix, TVM target) for extra ISA copies of the kernels."""
     with TVM_LOCK:
-        return _compile_model(model, tvm_target, workdir, tuning_db=tuning_db)
+        return _compile_model(model, tvm_target, workdir, tuning_db=tuning_db, variants=variants, log=log)
 
 
-def _compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: Path | None = None) -> CompiledModel:
-    tvm = import_tvm()
+def _build(mod, tvm_target, tuning_db, prefix: str | None = None, coverage: list | None = None):
+    import tvm
     from tvm import relax
+    try:
+        if tuning_db is not None:
+            mod = apply_database(mod, tvm_target, tuning_db)
+            if coverage is not None:
+                coverage.extend(scheduled_count(mod))
+        if prefix:
+            mod = mod.with_attr("system_lib_prefix", prefix)
+        with tvm.transform.PassContext(opt_level=3):
+            return relax.build(mod, target=tvm_target, relax_pipeline=lower_pipeline(tvm_target), system_lib=True)
+    except BuildError:
+        raise
+    except Exception as exc:
+        what = f" for {tvm_target.attrs.get('mcpu', '?')}" if prefix else ""
+        raise BuildError(f"TVM could not compile the model{what}: {_first_line(exc)}",
+                         hint="try --backend ncnn") from exc
+
+
+def _export(ex, workdir: Path, tag: str, wanted: dict[str, str]) -> dict[str, Path]:
+    """Export ``ex`` and keep the tar members ``wanted`` (member -> file name in workdir)."""
+    tar_path = workdir / f"model{tag}.tar"
+    try:
+        ex.export_library(str(tar_path))
+    except Exception as exc:
+        raise BuildError(f"TVM could not export the compiled model: {_first_line(exc)}") from exc
+    out = {}
+    with tarfile.open(tar_path) as tf:
+        for name, dest in wanted.items():
+            try:
+                member = tf.getmember(name)
+            except KeyError as exc:
+                raise BuildError(f"TVM's export holds no {name} ({', '.join(tf.getnames())})") from exc
+            (workdir / dest).write_bytes(tf.extractfile(member).read())
+            out[name] = workdir / dest
+    tar_path.unlink()
+    return out
+
+
+def _compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: Path | None = None,
+                   variants=(), log=print) -> CompiledModel:
+    import_tvm()
     workdir.mkdir(parents=True, exist_ok=True)
     times = {}
     t0 = time.monotonic()
@@ -117,38 +186,68 @@ def _compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: 
     t0 = time.monotonic()
     try:
         mod = fuse(mod, tvm_target)
-        if tuning_db is not None:
-            mod = apply_database(mod, tvm_target, tuning_db)
-        with tvm.transform.PassContext(opt_level=3):
-            ex = relax.build(mod, target=tvm_target, relax_pipeline=lower_pipeline(tvm_target), system_lib=True)
-    except BuildError:
-        raise
     except Exception as exc:
-        raise BuildError(f"TVM could not compile the model: {_first_line(exc)}",
-                         hint="try --backend ncnn") from exc
+        raise BuildError(f"TVM could not compile the model: {_first_line(exc)}", hint="try --backend ncnn") from exc
+    coverage: list = []
+    ex = _build(mod, tvm_target, tuning_db, coverage=coverage)
     times["build"] = time.monotonic() - t0
     t0 = time.monotonic()
-    tar_path = workdir / "model.tar"
-    try:
-        ex.export_library(str(tar_path))
-    except Exception as exc:
-        raise BuildError(f"TVM could not export the compiled model: {_first_line(exc)}") from exc
-    out = {}
-    with tarfile.open(tar_path) as tf:
-        for name in ("lib0.o", "devc.o"):
-            try:
-                member = tf.getmember(name)
-            except KeyError as exc:
-                raise BuildError(f"TVM's export holds no {name} ({', '.join(tf.getnames())})") from exc
-            (workdir / name).write_bytes(tf.extractfile(member).read())
-            out[name] = workdir / name
+    out = _export(ex, workdir, "", {"lib0.o": "lib0.o", "devc.o": "devc.o"})
     times["export"] = time.monotonic() - t0
+    base = kernel_names(out["lib0.o"], "")
+    built = []
+    for level, prefix, vt in variants:
+        t0 = time.monotonic()
+        # the base module, fused once: every level then holds kernels of the same names
+        vex = _build(mod, vt, tuning_db, prefix)
+        obj = _export(vex, workdir, f"-{level}", {"lib0.o": f"lib0-{level}.o"})["lib0.o"]
+        names = kernel_names(obj, prefix)
+        missing = tuple(sorted(base - names))
+        built.append(IsaVariant(level, prefix, obj, len(names), missing, data_section_bytes(obj, code=True)))
+        times[f"build {level}"] = time.monotonic() - t0
+        if missing and log:
+            log(f"tvm: {len(missing)} of {len(base)} kernels have no {level} copy (the baseline ones run there)")
     return CompiledModel(out["lib0.o"], out["devc.o"], data_section_bytes(out["devc.o"]),
-                         {k: round(v, 2) for k, v in times.items()}, tuning_db is not None)
+                         {k: round(v, 2) for k, v in times.items()}, tuning_db is not None, tuple(built),
+                         data_section_bytes(out["lib0.o"], code=True), tuple(coverage) or (0, 0))
 
 
-def data_section_bytes(obj: Path) -> int:
-    """Bytes of allocated data sections in a 64-bit little-endian ELF object (devc.o: the weights)."""
+def _elf_symbols(obj: Path) -> list[str]:
+    """Names of the defined symbols of a 64-bit little-endian ELF object."""
+    data = obj.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise BuildError(f"{obj} is not a 64-bit ELF object")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = []
+    for i in range(shnum):
+        off = shoff + i * shentsize
+        sh_type, = struct.unpack_from("<I", data, off + 4)
+        sh_offset, sh_size, sh_link = struct.unpack_from("<QQI", data, off + 24)
+        sections.append((sh_type, sh_offset, sh_size, sh_link))
+    names = []
+    for sh_type, off, size, link in sections:
+        if sh_type != 2:  # SHT_SYMTAB
+            continue
+        str_off = sections[link][1]
+        for k in range(off, off + size, 24):
+            st_name, _info, _other, st_shndx = struct.unpack_from("<IBBH", data, k)
+            if st_shndx == 0 or st_name == 0:
+                continue
+            end = data.index(b"\0", str_off + st_name)
+            names.append(data[str_off + st_name:end].decode())
+    return names
+
+
+def kernel_names(obj: Path, prefix: str) -> set[str]:
+    """The kernels a lib0.o registers (their names without the system-lib prefix)."""
+    head = "__tvm_ffi_" + prefix
+    return {n[len(head):] for n in _elf_symbols(obj) if n.startswith(head) and not n.startswith("__tvm_ffi__")}
+
+
+def data_section_bytes(obj: Path, code: bool = False) -> int:
+    """Bytes of allocated data sections in a 64-bit little-endian ELF object (devc.o: the weights);
+    ``code``: of every allocated section, code included (a lib0.o's size)."""
     data = obj.read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2:
         return obj.stat().st_size
@@ -159,6 +258,6 @@ def data_section_bytes(obj: Path) -> int:
         off = shoff + i * shentsize
         sh_type, sh_flags = struct.unpack_from("<IQ", data, off + 4)
         sh_size, = struct.unpack_from("<Q", data, off + 32)
-        if sh_flags & 0x2 and sh_type != 8:  # SHF_ALLOC, not NOBITS
+        if sh_flags & 0x2 and sh_type != 8 and (code or not sh_flags & 0x4):  # ALLOC, not NOBITS, EXECINSTR?
             total += sh_size
     return total

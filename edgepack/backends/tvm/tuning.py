@@ -1,11 +1,17 @@
-"""MetaSchedule tuning databases, keyed by (prepared model, TVM target).
+"""MetaSchedule tuning: one database per TVM target that accumulates across models.
 
-``edgepack tune`` writes a JSONDatabase under ``<cache>/tvm-tuning/<key>/``; builds look there
-(or in ``EDGEPACK_TUNING_DB`` / ``--tuning-db``) and apply it. Measuring a candidate means
-running it, so targets of another architecture than the build machine are tuned on this
-machine with a proxy target of the host's architecture: the schedules are valid anywhere
-(MetaSchedule keys records by the workload, which is target-independent at this stage), but
-their speed on the device is unmeasured — the database's meta.json says so.
+``edgepack tune`` extends ``<cache>/tvm-tuning/<target>-<key>/`` (a JSONDatabase); a workload
+(a fused kernel of given shapes) tuned once is skipped by later tunes and applied by every later
+build whose model contains it. Builds look there, or in ``EDGEPACK_TUNING_DB`` /
+``--tuning-db``. Measuring a candidate means running it, so targets of another architecture are
+tuned here with a proxy target of the host's architecture: the schedules are valid anywhere
+(records are keyed by the workload), their speed on the device is unmeasured, and the database's
+meta.json says "proxy".
+
+The search is bounded by time (``--budget``): a measure callback terminates every task once the
+budget is spent. Settings are sized for a 2-core machine (small populations, short evolution,
+small batches): the defaults (population 512, 64 per batch) spent 6 minutes generating the first
+batch of one task before measuring anything (issue 10).
 
 The builder trap (shared notes): MetaSchedule's default builder imports tvm.s_tir.tensor_intrin
 in every worker (~27 s under load), over its 30 s timeout, and every candidate then fails as
@@ -16,9 +22,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...cache import cache_root, key_of, locked, sha256_bytes
@@ -27,22 +34,29 @@ from ...model import LoadedModel
 from ...runner import host_arch
 from ...targets import Target
 from .runtime_lib import TVM_VERSION
-from .target_map import target_dict
+from .target_map import isa_variants, target_dict
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
+DB_VERSION = 2  # 2: one database per target, accumulating across models
 BUILDER_TIMEOUT_S = 600.0
+# Search settings for a 2-core machine (see module doc).
+TRIALS_PER_BATCH = 16
+POPULATION = 64
+GENETIC_ITERS = 2
+INIT_MIN_UNMEASURED = 16
+MAX_TRIALS_PER_TASK = 256
 
 
 def model_key(model: LoadedModel) -> str:
     return sha256_bytes(model.proto.SerializeToString())
 
 
-def db_key(model: LoadedModel, target: Target) -> str:
-    return key_of({"model": model_key(model), "target": target_dict(target), "tvm": TVM_VERSION})
+def db_key(target: Target) -> str:
+    return key_of({"target": target_dict(target), "tvm": TVM_VERSION, "db": DB_VERSION})
 
 
-def default_db_dir(model: LoadedModel, target: Target) -> Path:
-    return cache_root() / "tvm-tuning" / f"{model.name}-{target.name}-{db_key(model, target)}"
+def default_db_dir(target: Target) -> Path:
+    return cache_root() / "tvm-tuning" / f"{target.name}-{db_key(target)}"
 
 
 def is_database(path: Path) -> bool:
@@ -60,10 +74,25 @@ def find_database(model: LoadedModel, target: Target) -> tuple[Path | None, str]
             raise UsageError(f"tuning database {p} does not exist or is incomplete (needs {' and '.join(DB_FILES)})",
                              hint="run `edgepack tune MODEL --target T --out-db PATH` first")
         return p, f"tuning database {p} (given)"
-    p = default_db_dir(model, target)
+    p = default_db_dir(target)
     if is_database(p):
-        return p, f"tuning database {p.name} (from `edgepack tune`)"
-    return None, "no tuning database for this model and target: untuned fused pipeline (run `edgepack tune` for speed)"
+        return p, f"tuning database {p.name} (the target's, from `edgepack tune`)"
+    return None, "no tuning database for this target: untuned fused pipeline (run `edgepack tune` for speed)"
+
+
+def parse_budget(text: str) -> float:
+    """'20m', '90s', '1h', '1h30m' or plain seconds -> seconds."""
+    t = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        secs = float(t)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+        if not parts or "".join(n + u for n, u in parts) != t:
+            raise UsageError(f"--budget {text!r}: expected a duration such as 20m, 90s or 1h30m")
+        secs = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if secs < 10:
+        raise UsageError(f"--budget {text!r}: at least 10 seconds (one batch of candidates)")
+    return secs
 
 
 def _light_tensor_intrinsics() -> None:
@@ -98,75 +127,199 @@ def _build_candidate(mod, target, _params):
     return tvm_build(mod, target=target)
 
 
+def _host_level() -> str:
+    """The best x86-64 level this machine runs (what an x86_64 artifact's kernels use here)."""
+    try:
+        flags = set(next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return "x86-64"
+    if {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"} <= flags:
+        return "x86-64-v4"
+    if {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"} <= flags:
+        return "x86-64-v3"
+    return "x86-64"
+
+
 def measuring_target(target: Target) -> tuple[dict, bool]:
-    """(TVM target dict candidates are measured with, whether it is a host proxy)."""
+    """(TVM target dict candidates are measured with, whether it is a host proxy). For x86_64
+    the ISA level the artifact picks on this machine, so measured kernels are the ones it runs."""
     d = target_dict(target)
     if target.arch == host_arch():
+        if target.arch == "x86_64":
+            level = _host_level()
+            if any(lv == level for lv, _p, _d in isa_variants(target)):
+                d = dict(d, mcpu=level)
         return d, False
-    proxy = {"kind": "llvm", "mtriple": f"{host_arch()}-unknown-linux-gnu", "mcpu": "x86-64-v2"
-             if host_arch() == "x86_64" else "generic", "num-cores": d["num-cores"]}
+    proxy = {"kind": "llvm", "mtriple": f"{host_arch()}-unknown-linux-gnu",
+             "mcpu": _host_level() if host_arch() == "x86_64" else "generic", "num-cores": d["num-cores"]}
     return proxy, True
 
 
 @dataclass(frozen=True)
 class TuneResult:
     path: Path
-    trials: int
-    tasks: int
-    records: int
+    trials: int              # candidates measured in this run
+    tasks: int               # the model's tuning tasks
+    tuned_before: int        # of them, already in the database when this run started
+    tuned_now: int           # of them, with a record after this run
+    records: int             # records in the database (all models)
     seconds: float
     proxy: bool
+    budget_s: float | None
+    ms_before: float | None  # the model untuned, measured here (TVM in-process), ms
+    ms_after: float | None   # with the database
+    measured_with: dict = field(default_factory=dict)
 
 
-def tune(model: LoadedModel, target: Target, trials: int, *, out_dir: Path | None = None, workers: int = 2,
-         log=print) -> TuneResult:
-    from .compile import TVM_LOCK, fuse, import_onnx, import_tvm
-    with TVM_LOCK:
-        return _tune(model, target, trials, out_dir=out_dir, workers=workers, log=log,
-                     fuse=fuse, import_onnx=import_onnx, tvm=import_tvm())
-
-
-def _tune(model, target, trials, *, out_dir, workers, log, fuse, import_onnx, tvm) -> TuneResult:
-    from tvm.s_tir import meta_schedule as ms
-    if trials < 1:
+def tune(model: LoadedModel, target: Target, trials: int | None = None, *, budget_s: float | None = None,
+         out_dir: Path | None = None, workers: int = 2, measure: bool = True, log=print) -> TuneResult:
+    from .compile import TVM_LOCK, import_tvm
+    if trials is None and budget_s is None:
+        raise UsageError("give a time budget (--budget 20m) or a trial count (--trials N)")
+    if trials is not None and trials < 1:
         raise UsageError("--trials must be at least 1")
-    dest = Path(out_dir) if out_dir else default_db_dir(model, target)
-    measure, proxy = measuring_target(target)
-    tvm_target = tvm.target.Target(measure)
+    with TVM_LOCK:
+        import_tvm()
+        return _tune(model, target, trials, budget_s, out_dir=out_dir, workers=workers, measure=measure, log=log)
+
+
+def _has_record(database, task) -> bool:
+    mod = task.dispatched[0]
+    return bool(database.has_workload(mod) and database.get_top_k(database.commit_workload(mod), 1))
+
+
+def _deadline_callback(deadline: float, counter: list):
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+    from tvm.ir.utils import derived_object
+
+    @derived_object
+    class StopAtDeadline(PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+            counter[0] += len(measure_candidates)
+            if time.monotonic() < deadline:
+                return
+            for i, rec in enumerate(task_scheduler.tasks_):
+                if not rec.is_terminated:
+                    task_scheduler.terminate_task(i)
+
+    return StopAtDeadline()
+
+
+def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) -> TuneResult:
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.relax_integration import extract_tasks, extracted_tasks_to_tune_contexts
+    from .compile import fuse, import_onnx
+    t_start = time.monotonic()
+    dest = Path(out_dir) if out_dir else default_db_dir(target)
+    measure_dict, proxy = measuring_target(target)
+    tvm_target = tvm.target.Target(measure_dict)
     if proxy:
         log(f"{target.name} is {target.arch}; candidates are measured here on {host_arch()} as a proxy "
             "(schedules stay valid on the device, their speed there is unmeasured)")
     mod = fuse(import_onnx(model), tvm_target)
-    t0 = time.monotonic()
+    ms_before = _measure_ms(model, mod, tvm_target, None) if measure else None
     _light_tensor_intrinsics()
-    with locked(cache_root() / "locks" / f"tvm-tune-{dest.name}.lock"):
+    with locked(cache_root() / "locks" / f"tvm-tune-{key_of(str(dest.resolve()))}.lock"):
         work = dest.with_name(dest.name + ".work")
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
-        builder = ms.builder.LocalBuilder(max_workers=workers, timeout_sec=BUILDER_TIMEOUT_S, f_build=_build_candidate)
-        runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1,
-                                                                                  min_repeat_ms=0))
-        try:
-            with tvm.transform.PassContext(opt_level=3):
-                database = ms.relax_integration.tune_relax(
-                    mod=mod, params={}, target=tvm_target, work_dir=str(work), max_trials_global=trials,
-                    num_trials_per_iter=min(64, max(2, trials)), builder=builder, runner=runner, seed=0)
-        except Exception as exc:
-            raise BuildError(f"tuning failed: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__}",
-                             hint=f"logs in {work / 'logs'}") from exc
+        for f in DB_FILES:  # extend a copy; builds keep reading the old files meanwhile
+            if (dest / f).is_file():
+                shutil.copyfile(dest / f, work / f)
+        database = ms.database.JSONDatabase(work_dir=str(work), module_equality="structural")
+        extracted = extract_tasks(mod, tvm_target)
+        todo = [t for t in extracted if not _has_record(database, t)]
+        tuned_before = len(extracted) - len(todo)
+        log(f"{len(extracted)} tuning tasks; {tuned_before} already in the database (reused), {len(todo)} to tune"
+            + (f" within {budget_s:.0f} s" if budget_s else ""))
+        counter = [0]
+        if todo:
+            contexts, weights = extracted_tasks_to_tune_contexts(
+                todo, work_dir=str(work), seed=0,
+                strategy=ms.search_strategy.EvolutionarySearch(
+                    population_size=POPULATION, init_min_unmeasured=INIT_MIN_UNMEASURED,
+                    genetic_num_iters=GENETIC_ITERS))
+            builder = ms.builder.LocalBuilder(max_workers=workers, timeout_sec=BUILDER_TIMEOUT_S,
+                                              f_build=_build_candidate)
+            runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1,
+                                                                                      min_repeat_ms=0))
+            callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
+            deadline = t_start + budget_s if budget_s else float("inf")
+            callbacks.append(_deadline_callback(deadline, counter))
+            cap = trials if trials is not None else MAX_TRIALS_PER_TASK * len(todo)
+            try:
+                with tvm.transform.PassContext(opt_level=3):
+                    ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(work),
+                                       max_trials_global=cap, max_trials_per_task=min(cap, MAX_TRIALS_PER_TASK),
+                                       num_trials_per_iter=min(TRIALS_PER_BATCH, cap), builder=builder,
+                                       runner=runner, database=database, measure_callbacks=callbacks)
+            except Exception as exc:
+                raise BuildError(f"tuning failed: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__}",
+                                 hint=f"logs in {work / 'logs'}") from exc
+        tuned_now = sum(1 for t in extracted if _has_record(database, t))
         records = len(database.get_all_tuning_records())
-        workloads = sum(1 for _ in open(work / DB_FILES[0])) if (work / DB_FILES[0]).is_file() else 0
         if records == 0:
-            raise BuildError(f"tuning produced no valid schedule in {trials} trials",
-                             hint=f"raise --trials; builder/runner logs in {work / 'logs'}")
-        seconds = time.monotonic() - t0
-        meta = {"model": model.name, "model_sha256": model_key(model), "target": target.name,
-                "target_dict": target_dict(target), "measured_with": measure, "proxy": proxy, "trials": trials,
-                "records": records, "workloads": workloads, "seconds": round(seconds, 1), "tvm": TVM_VERSION}
+            raise BuildError("tuning produced no valid schedule", hint=f"raise --budget; logs in {work / 'logs'}")
+        ms_after = _measure_ms(model, mod, tvm_target, work) if measure else None
+        seconds = time.monotonic() - t_start
+        meta = _read_meta(dest)
+        meta.update({"target": target.name, "target_dict": target_dict(target), "measured_with": measure_dict,
+                     "proxy": proxy or meta.get("proxy", False), "tvm": TVM_VERSION, "records": records,
+                     "workloads": _lines(work / DB_FILES[0])})
+        meta.setdefault("models", []).append({
+            "model": model.name, "model_sha256": model_key(model), "tasks": len(extracted),
+            "tuned_before": tuned_before, "tuned_now": tuned_now, "trials": counter[0],
+            "budget_s": budget_s, "trial_cap": trials, "seconds": round(seconds, 1),
+            "ms_before": ms_before, "ms_after": ms_after, "proxy": proxy})
         (work / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        work.rename(dest)
-    return TuneResult(dest, trials, workloads, records, seconds, proxy)
+        _publish(work, dest)
+    return TuneResult(dest, counter[0], len(extracted), tuned_before, tuned_now, records, seconds, proxy,
+                      budget_s, ms_before, ms_after, measure_dict)
+
+
+def _lines(path: Path) -> int:
+    return sum(1 for _ in open(path)) if path.is_file() else 0
+
+
+def _read_meta(dest: Path) -> dict:
+    try:
+        return json.loads((dest / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _publish(work: Path, dest: Path) -> None:
+    """Move the extended copy into place file by file. Both files only grow (records name
+    workloads by line number), so a build reading between the two renames still sees a
+    consistent database."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in (DB_FILES[0], DB_FILES[1], "meta.json"):
+        if (work / f).is_file():
+            os.replace(work / f, dest / f)
+    if (work / "logs").is_dir():
+        shutil.rmtree(dest / "logs", ignore_errors=True)
+        os.replace(work / "logs", dest / "logs")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure_ms(model: LoadedModel, fused, tvm_target, db_dir: Path | None) -> float | None:
+    """Median ms of the model built in-process for the measuring target (with the database)."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from .compile import apply_database, lower_pipeline
+    from ...reference import random_inputs
+    try:
+        mod = apply_database(fused, tvm_target, db_dir) if db_dir is not None else fused
+        with tvm.transform.PassContext(opt_level=3):
+            ex = relax.build(mod, target=tvm_target, relax_pipeline=lower_pipeline(tvm_target))
+        dev = tvm.cpu()
+        vm = relax.VirtualMachine(ex, dev)
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in random_inputs(model.inputs, 0).values()]
+        vm["main"](*args)  # warm-up
+        timer = vm.time_evaluator("main", dev, number=1, repeat=5)
+        return round(float(np.median(timer(*args).results)) * 1e3, 3)
+    except Exception:  # a report, not the result: never fail a tune over it
+        return None
