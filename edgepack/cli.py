@@ -12,6 +12,7 @@ from rich.table import Table
 
 from . import __version__
 from .errors import EdgepackError
+from .tables import Cell, print_table
 
 BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
 
@@ -153,27 +154,25 @@ def targets(as_json, targets_dir):
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    table = Table(title="edgepack targets")
-    for col in ("name", "triple", "cpu", "link", "page", "qemu cpu", "backends", "aliases"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["name"], r["triple"], r["cpu"], r["link"], str(r["page_size"]), r["qemu_cpu"] or "native",
-                      ",".join(r["backends"]), ",".join(r["aliases"]))
-    out_console.print(table)
+    print_table(out_console, "edgepack targets",
+                ["name", "triple", "cpu", "link", "page", "verified under", "backends", "aliases"],
+                [[r["name"], r["triple"], r["cpu"], r["link"], r["page_size"], _verified_under(r),
+                  ",".join(r["backends"]), ",".join(r["aliases"])] for r in rows])
+
+
+def _verified_under(summary: dict) -> str:
+    cpus = summary.get("verify_cpus") or ([summary["qemu_cpu"]] if summary.get("qemu_cpu") else [])
+    return ",".join(str(c) for c in cpus) or "native"
 
 
 @cli.command()
 def doctor():
     """List the tools edgepack needs, found or missing, and how to install them."""
     from .doctor import checks
-    table = Table(title="edgepack doctor")
-    for col in ("tool", "status", "detail / fix"):
-        table.add_column(col)
-    bad = 0
-    for c in checks():
-        bad += not c.ok
-        table.add_row(c.name, "[green]found[/green]" if c.ok else "[red]missing[/red]", c.detail)
-    out_console.print(table)
+    found = checks()
+    bad = sum(not c.ok for c in found)
+    print_table(out_console, "edgepack doctor", ["tool", "status", "detail / fix"],
+                [[c.name, Cell("found", "green") if c.ok else Cell("missing", "red"), c.detail] for c in found])
     if bad:
         raise SystemExit(6)
 
@@ -189,14 +188,10 @@ def inspect(model, input_shapes, as_json):
     if as_json:
         click.echo(json.dumps(report, indent=1))
         return
-    table = Table(title=f"ops in {model}")
     names = report["backends"]
-    for col in ["op", "nodes"] + names:
-        table.add_column(col)
-    for op in report["ops"]:
-        table.add_row(op["op"], str(op["count"]),
-                      *("[green]yes[/green]" if op["support"][b] else "[red]no[/red]" for b in names))
-    out_console.print(table)
+    print_table(out_console, f"ops in {model}", ["op", "nodes"] + names,
+                [[op["op"], op["count"], *(Cell("yes", "green") if op["support"][b] else Cell("no", "red")
+                                           for b in names)] for op in report["ops"]])
     for t, verdict in report["targets"].items():
         out_console.print(f"{t}: {verdict}")
 
