@@ -65,6 +65,9 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
     from .pipeline import BuildOptions, build as run_build
     from .targets import TargetMatrix
 
+    if backend != "auto":
+        from .backends import get_backend
+        get_backend(backend)  # an unknown name is a usage error before anything is loaded
     matrix = TargetMatrix.load(_target_dirs(targets_dir))
     targets = matrix.resolve(list(target_specs), all_targets)
     opts = BuildOptions(backend=backend, precision="fp16" if fp16 else "fp32",
@@ -182,18 +185,48 @@ def doctor():
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224")
 @click.option("--json", "as_json", is_flag=True)
 def inspect(model, input_shapes, as_json):
-    """Ops x backends: which backend can build MODEL, per target."""
-    from .inspect import inspect_model
+    """MODEL (.onnx): inputs, outputs, ops x backends and the verdict per target. ARTIFACT: its manifest.
+
+    \b
+    Examples:
+      edgepack inspect model.onnx --input-shape images=1x3x320x320
+      edgepack inspect dist/model-arm64 --json
+    """
+    from .inspection import inspect_artifact_manifest, inspect_model, is_artifact
+    if is_artifact(model):
+        manifest = inspect_artifact_manifest(model)
+        if as_json:
+            click.echo(json.dumps(manifest, indent=1))
+            return
+        _print_artifact_summary(model, manifest)
+        return
     report = inspect_model(model, list(input_shapes))
     if as_json:
         click.echo(json.dumps(report, indent=1))
         return
+    _print_io(report["inputs"], report["outputs"])
     names = report["backends"]
     print_table(out_console, f"ops in {model}", ["op", "nodes"] + names,
                 [[op["op"], op["count"], *(Cell("yes", "green") if op["support"][b] else Cell("no", "red")
                                            for b in names)] for op in report["ops"]])
     for t, verdict in report["targets"].items():
-        out_console.print(f"{t}: {verdict}")
+        click.echo(f"{t}: {verdict}")
+    for note in report["notes"]:
+        click.echo(f"note: {note}")
+
+
+def _print_io(inputs: list[dict], outputs: list[dict]) -> None:
+    for kind, specs in (("input", inputs), ("output", outputs)):
+        for s in specs:
+            shape = "x".join(str(d) for d in s.get("shape", []))
+            click.echo(f"{kind} {s.get('name')}: {s.get('dtype')} [{shape}]")
+
+
+def _print_artifact_summary(path: Path, m: dict) -> None:
+    t, b = m.get("target") or {}, m.get("backend") or {}
+    click.echo(f"artifact {path}: model {(m.get('model') or {}).get('name')}, target {t.get('name')} "
+               f"({t.get('triple')}), backend {b.get('name')}, precision {m.get('precision')}")
+    _print_io(m.get("inputs") or [], m.get("outputs") or [])
 
 
 # Command groups kept in their own modules register themselves on `cli`.
@@ -202,8 +235,19 @@ from . import cli_tvm  # noqa: E402,F401
 from . import cli_serve  # noqa: E402,F401
 
 
+def _hoist_global_flags(argv: list[str]) -> list[str]:
+    """`--debug` is a global flag, but people type it where they think of it (`edgepack build m.onnx
+    --debug`): move it in front of the subcommand (never past a `--`)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    head, tail = argv[:end], argv[end:]
+    if "--debug" not in head:
+        return argv
+    return ["--debug"] + [a for a in head if a != "--debug"] + tail
+
+
 def main(argv=None):
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    argv = _hoist_global_flags(list(argv if argv is not None else sys.argv[1:]))
+    debug = "--debug" in argv
     try:
         cli.main(args=argv, prog_name="edgepack", standalone_mode=False)
     except EdgepackError as exc:

@@ -51,3 +51,17 @@ def test_missing_model_file(tmp_path, capsys):
     code, err = _main(capsys, "build", str(tmp_path / "nope.onnx"), "--target", "x86_64")
     assert code == errors.ModelError.exit_code, err
     assert "nope.onnx" in _one_error(err)
+
+
+def test_unknown_backend_is_refused_before_the_model_is_read(tmp_path, capsys):
+    code, err = _main(capsys, "build", str(tmp_path / "never-read.onnx"), "--target", "x86_64", "--backend", "tmv")
+    assert code == errors.UsageError.exit_code
+    assert "unknown backend 'tmv'" in _one_error(err) and "ncnn" in err and "never-read" not in err
+
+
+def test_debug_is_accepted_after_the_subcommand(tmp_path):
+    from edgepack.cli import _hoist_global_flags
+    assert _hoist_global_flags(["build", "m.onnx", "--debug"]) == ["--debug", "build", "m.onnx"]
+    assert _hoist_global_flags(["run", "a", "--", "--debug"]) == ["run", "a", "--", "--debug"]
+    with pytest.raises(errors.ModelError):  # with --debug the error propagates (the traceback is shown)
+        main(["build", str(tmp_path / "nope.onnx"), "--target", "x86_64", "--debug"])

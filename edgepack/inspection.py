@@ -1,0 +1,55 @@
+"""`edgepack inspect`: a model's inputs, outputs and ops x backends with the verdict per target, or,
+for an artifact, what its manifest says (named ``inspection`` so it does not shadow the standard
+``inspect`` module)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import ArtifactError
+
+from .backends import all_backends
+from .model import fix_input_shapes, load_model, parse_shape_args, simplify
+from .targets import TargetMatrix
+
+
+def is_artifact(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def inspect_artifact_manifest(path: Path) -> dict:
+    """The manifest an artifact carries (its `info`, run here or under qemu)."""
+    from .runner import run_artifact
+    proc = run_artifact(Path(path), ["info", "--json"], timeout=120)
+    if proc.returncode != 0:  # artifacts built before `info --json` existed print JSON for plain `info`
+        proc = run_artifact(Path(path), ["info"], timeout=120)
+    try:
+        manifest = json.loads(proc.stdout)
+    except ValueError:
+        raise ArtifactError(f"{path} is an executable but not an edgepack artifact (its `info` printed no manifest)",
+                            hint="inspect takes an .onnx model or an artifact from dist/") from None
+    return manifest
+
+
+def inspect_model(path: Path, shape_args: list[str]) -> dict:
+    model = load_model(Path(path))
+    model = simplify(fix_input_shapes(model, parse_shape_args(shape_args)))
+    backends = all_backends()
+    unsupported = {name: b.unsupported_ops(model) for name, b in backends.items()}
+    ops = [{"op": op, "count": len(nodes),
+            "support": {name: op not in unsupported[name] for name in backends}}
+           for op, nodes in sorted(model.ops().items())]
+    verdicts = {}
+    for name in TargetMatrix.load().names():
+        target = TargetMatrix.load().get(name)
+        usable = [b for b in target.backends if b in backends and not unsupported[b]]
+        verdicts[name] = (f"builds with {usable[0]}" if usable else
+                          "no backend supports every op: " + ", ".join(
+                              f"{b} lacks {', '.join(sorted(unsupported[b]))}" for b in target.backends if b in backends))
+    return {"model": str(path), "inputs": [s.to_json() for s in model.inputs],
+            "outputs": [s.to_json() for s in model.outputs], "backends": sorted(backends), "ops": ops,
+            "targets": verdicts, "notes": list(model.notes)}
