@@ -151,7 +151,34 @@ def parse_preprocess(spec, base: Path) -> ImagePre:
     return pre
 
 
-def parse_postprocess(spec, base: Path) -> Post:
+_LABELS_MAX = 16 << 20   # bytes: far above any real class list, far below what would stall a build
+
+
+def _labels_path(v, base: Path, sidecar: Path | None) -> Path:
+    """The labels file named by ``v``. From a sidecar (``sidecar`` set) it must resolve, symlinks
+    included, to a plain file inside the model's folder: a model folder from elsewhere must not pull
+    e.g. ~/.ssh/id_ed25519 into the manifest that /info serves. On the command line it is the user's choice."""
+    p = Path(str(v))
+    p = p if p.is_absolute() else base / p
+    if sidecar is not None:
+        folder = base.resolve()
+        real = p.resolve()
+        if not real.is_relative_to(folder):
+            raise UsageError(f"{sidecar}: labels = {str(v)!r} resolves to {real}, outside the model's folder {folder}",
+                             hint=f"copy the labels file into {folder} and name it there, or pass it explicitly: "
+                                  f"--postprocess labels=PATH")
+        p = real
+    if not p.exists():
+        raise UsageError(f"labels file {p} not found")
+    if not p.is_file():
+        raise UsageError(f"labels file {p} is not a plain file", hint="give a text file with one label per line")
+    if p.stat().st_size > _LABELS_MAX:
+        raise UsageError(f"labels file {p} is {p.stat().st_size >> 20} MiB (limit {_LABELS_MAX >> 20} MiB)",
+                         hint="one label per line, one line per class")
+    return p
+
+
+def parse_postprocess(spec, base: Path, sidecar: Path | None = None) -> Post:
     kv = _kv_string(spec, "postprocess")[1] if isinstance(spec, str) else \
         {str(k).lower(): v for k, v in dict(spec).items()}
     post = Post()
@@ -169,10 +196,7 @@ def parse_postprocess(spec, base: Path) -> Post:
             if isinstance(v, list):
                 post.labels = [str(x) for x in v]
             else:
-                p = Path(str(v))
-                p = p if p.is_absolute() else base / p
-                if not p.is_file():
-                    raise UsageError(f"labels file {p} not found")
+                p = _labels_path(v, base, sidecar)
                 lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
                 while lines and not lines[-1].strip():
                     lines.pop()
@@ -202,7 +226,7 @@ def load_config(model_path: Path, preprocess, postprocess) -> tuple[ImagePre | N
     pre = parse_preprocess(preprocess, Path.cwd()) if preprocess else (
         parse_preprocess(pre_src, toml_base) if pre_src else None)
     post = parse_postprocess(postprocess, Path.cwd()) if postprocess else (
-        parse_postprocess(post_src, toml_base) if post_src else None)
+        parse_postprocess(post_src, toml_base, sidecar=cfg) if post_src else None)
     return pre, post
 
 
