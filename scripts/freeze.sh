@@ -2,7 +2,7 @@
 # Build the one-file Linux x86_64 edgepack with PyInstaller: dist/frozen/edgepack (or $1).
 #   bash scripts/freeze.sh [OUT_DIR]
 # Needs: pip install -e . (edgepack's own pins), pnnx (--no-deps), pyinstaller==6.22.0 (.ci/deps-freeze.sh).
-# The binary needs the glibc of the machine it was built on or newer (see packaging/README-section.md):
+# The binary needs the glibc of the machine it was built on or newer (see docs/reproducible.md):
 # build on the oldest distribution you want to support.
 set -euo pipefail
 cd "$(dirname "$0")/.."
