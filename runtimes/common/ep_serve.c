@@ -511,12 +511,13 @@ static int on_event(server *s, conn *c, short rev) {
     return 0;
 }
 
-/* Deadline passed: 408 for a request begun, quiet close for an idle keep-alive connection. */
+/* Deadline passed: 408 for a request begun (then a short drain, so a client still sending reads the
+ * answer instead of a reset), a quiet close for an idle keep-alive connection or a stuck write. */
 static int on_deadline(server *s, conn *c) {
     if (c->state == S_HEAD && c->in_len) {
         char msg[120];
         snprintf(msg, sizeof msg, "request head not complete within %g s", ep_serve_cfg.head_timeout_s);
-        fail_conn(s, c, 408, msg, 0);
+        fail_conn(s, c, 408, msg, 1);
         return 0;
     }
     if (c->state == S_BODY) {
@@ -524,7 +525,7 @@ static int on_deadline(server *s, conn *c) {
         snprintf(msg, sizeof msg, "request body not complete within %g s", ep_serve_cfg.body_timeout_s);
         free(c->body);
         c->body = NULL;
-        fail_conn(s, c, 408, msg, 0);
+        fail_conn(s, c, 408, msg, 1);
         return 0;
     }
     return -1;
