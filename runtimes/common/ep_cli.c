@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -32,7 +33,7 @@ static const char USAGE[] =
     "                                         latency min/median/p90 and peak RSS\n";
 
 typedef struct {
-    const char *inputs[64];
+    const char **inputs; /* sized from argc: as many --input options as the command line holds */
     int n_inputs;
     const char *output_dir;
     int threads, runs, warmup, json;
@@ -54,6 +55,8 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 static int parse_opts(int argc, char **argv, int start, cli_opts *o, ep_status *st) {
     memset(o, 0, sizeof *o);
     int k;
+    o->inputs = calloc(argc > 0 ? (size_t)argc : 1, sizeof *o->inputs);
+    if (!o->inputs) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
     o->threads = 0;
     o->runs = -1;   /* -1: the command's own default (bench 50/5, selftest 3/1) */
     o->warmup = -1;
@@ -67,7 +70,6 @@ static int parse_opts(int argc, char **argv, int start, cli_opts *o, ep_status *
             o->json = 1;
         } else if (strcmp(a, "--input") == 0 || strcmp(a, "-i") == 0) {
             if (!v) return ep_fail(st, EP_ERR_USAGE, "%s needs a value", a);
-            if (o->n_inputs == 64) return ep_fail(st, EP_ERR_USAGE, "too many --input options");
             o->inputs[o->n_inputs++] = v;
             i++;
         } else if (strcmp(a, "--output") == 0 || strcmp(a, "-o") == 0) {
@@ -134,73 +136,109 @@ static int load_golden(const ep_blob *blobs, int n, ep_tensor *out, ep_status *s
     return EP_OK;
 }
 
-static void free_all(ep_tensor *t, int n) {
-    for (int i = 0; i < n; i++) ep_tensor_free(&t[i]);
+typedef struct {
+    int index;        /* the model input this file feeds */
+    const char *path;
+} input_arg;
+
+static int input_named(const char *name, size_t len) {
+    for (int i = 0; i < ep_spec.n_inputs; i++)
+        if (strlen(ep_spec.inputs[i].name) == len && memcmp(ep_spec.inputs[i].name, name, len) == 0) return i;
+    return -1;
 }
 
-/* [NAME=]FILE -> index of the input it feeds. */
-static int assign_input(const char *arg, const char **path, int *index, ep_status *st) {
-    const char *eq = strchr(arg, '=');
-    if (!eq) {
-        if (ep_spec.n_inputs != 1)
-            return ep_fail(st, EP_ERR_USAGE, "--input %s: the model has %d inputs, write NAME=FILE", arg, ep_spec.n_inputs);
-        *path = arg;
-        *index = 0;
-        return EP_OK;
-    }
-    size_t nl = (size_t)(eq - arg);
-    for (int i = 0; i < ep_spec.n_inputs; i++)
-        if (strlen(ep_spec.inputs[i].name) == nl && memcmp(ep_spec.inputs[i].name, arg, nl) == 0) {
-            *path = eq + 1;
-            *index = i;
+/* [NAME=]FILE: NAME= only where NAME is one of the model's inputs, so a path holding '='
+ * (/data/a=b/x.npy) is a path for a one-input model. */
+static int assign_input(const char *arg, input_arg *out, ep_status *st) {
+    for (const char *eq = strchr(arg, '='); eq; eq = strchr(eq + 1, '=')) {
+        int i = input_named(arg, (size_t)(eq - arg));
+        if (i >= 0) {
+            out->index = i;
+            out->path = eq + 1;
             return EP_OK;
         }
+    }
+    if (ep_spec.n_inputs == 1) {
+        out->index = 0;
+        out->path = arg;
+        return EP_OK;
+    }
     char names[512] = "";
     for (int i = 0; i < ep_spec.n_inputs; i++) {
         strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
         strncat(names, ep_spec.inputs[i].name, sizeof names - strlen(names) - 1);
     }
-    return ep_fail(st, EP_ERR_USAGE, "--input %.*s: no such input (the model's inputs: %s)", (int)nl, arg, names);
+    return ep_fail(st, EP_ERR_USAGE, "--input %s: the model has %d inputs, write NAME=FILE (its inputs: %s)", arg,
+                   ep_spec.n_inputs, names);
 }
 
-static void safe_name(const char *name, char *out, size_t len) {
+/* An output's file name: its tensor name with anything but [A-Za-z0-9_.-] as '_', no leading '.',
+ * at most EP_NAME_MAX bytes (tensor names of any length stay one short file name). */
+#define EP_NAME_MAX 100
+static void safe_name(const char *name, char *out) {
     size_t j = 0;
-    for (size_t i = 0; name[i] && j + 1 < len; i++) {
+    for (size_t i = 0; name[i] && j < EP_NAME_MAX; i++) {
         char c = name[i];
         int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                 c == '-' || (c == '.' && i > 0);
+                 c == '-' || (c == '.' && j > 0);
         out[j++] = ok ? c : '_';
     }
     out[j] = 0;
-    if (!j) snprintf(out, len, "output");
+    if (!j) snprintf(out, EP_NAME_MAX + 1, "output");
+}
+
+/* DIR/NAME.npy for every output; names that sanitise alike ("a/b", "a:b") get _2, _3, ... so no
+ * output overwrites another. Returns n malloc'd paths (free with free_paths). */
+static void free_paths(char **p, int n) {
+    if (!p) return;
+    for (int i = 0; i < n; i++) free(p[i]);
+    free(p);
+}
+
+static int output_paths(const char *dir, char ***out, ep_status *st) {
+    int n = ep_spec.n_outputs;
+    char **paths = calloc((size_t)n, sizeof *paths);
+    char (*names)[EP_NAME_MAX + 16] = calloc((size_t)n, sizeof *names);
+    if (!paths || !names) {
+        free(paths);
+        free(names);
+        return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        char base[EP_NAME_MAX + 1];
+        safe_name(ep_spec.outputs[i].name, base);
+        snprintf(names[i], sizeof names[i], "%s", base);
+        for (int k = 2, clash = 1; clash; k++) { /* at most n tries: only n names exist */
+            clash = 0;
+            for (int j = 0; j < i && !clash; j++) clash = strcasecmp(names[j], names[i]) == 0;
+            if (clash) snprintf(names[i], sizeof names[i], "%s_%d", base, k);
+        }
+        if (asprintf(&paths[i], "%s/%s.npy", dir, names[i]) < 0) {
+            paths[i] = NULL;
+            free_paths(paths, n);
+            free(names);
+            return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+        }
+    }
+    free(names);
+    *out = paths;
+    return EP_OK;
 }
 
 static int is_csv_path(const char *p) {
     size_t n = strlen(p);
-    return n > 4 && strcmp(p + n - 4, ".csv") == 0;
+    return n > 4 && strcasecmp(p + n - 4, ".csv") == 0;
 }
 
-static int cmd_run(const cli_opts *o, ep_status *st) {
-    if (o->input_dir) {
-        if (o->n_inputs) return ep_fail(st, EP_ERR_USAGE, "give --input or --input-dir, not both");
-        return ep_run_batch(o->input_dir, NULL, o->output_dir, o->threads, st);
-    }
-    if (o->n_inputs == 1 && is_csv_path(o->inputs[0]))
-        return ep_run_batch(NULL, strchr(o->inputs[0], '=') ? strchr(o->inputs[0], '=') + 1 : o->inputs[0], o->output_dir, o->threads, st);
-    ep_prepost pp;
-    int prc = ep_prepost_load(&ep_spec, &pp, st);
-    if (prc) return prc;
-    ep_tensor inputs[64], outputs[64];
-    memset(inputs, 0, sizeof inputs);
-    memset(outputs, 0, sizeof outputs);
-    int have[64] = {0};
+/* Files in, tensors out: each --input read, parsed and checked against the model's declaration. */
+static int read_inputs(const cli_opts *o, const input_arg *args, const ep_prepost *pp, ep_tensor *inputs,
+                       ep_status *st) {
     int rc = EP_OK;
-    if (o->n_inputs == 0) return ep_fail(st, EP_ERR_USAGE, "run needs --input [NAME=]FILE.npy");
+    char *have = calloc((size_t)ep_spec.n_inputs + 1, 1);
+    if (!have) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
     for (int k = 0; k < o->n_inputs && !rc; k++) {
-        const char *path;
-        int idx;
-        rc = assign_input(o->inputs[k], &path, &idx, st);
-        if (rc) break;
+        int idx = args[k].index;
+        const char *path = args[k].path;
         if (have[idx]) {
             rc = ep_fail(st, EP_ERR_USAGE, "input %s given twice", ep_spec.inputs[idx].name);
             break;
@@ -209,10 +247,13 @@ static int cmd_run(const cli_opts *o, ep_status *st) {
         size_t len;
         rc = ep_read_file(path, EP_MAX_INPUT_BYTES, &buf, &len, st);
         if (rc) break;
-        if (!strchr(o->inputs[k], '=') && ep_spec.n_inputs == 1)
-            rc = ep_inputs_from_bytes(&ep_spec, &pp, buf, len, EP_KIND_AUTO, inputs, st);
-        else
+        if (ep_spec.n_inputs == 1) { /* .npy, JSON or (baked preprocessing) an image; checked inside */
+            rc = ep_inputs_from_bytes(&ep_spec, pp, buf, len, EP_KIND_AUTO, inputs, st);
+        } else {
             rc = ep_npy_parse(buf, len, &inputs[idx], st);
+            if (!rc) rc = ep_coerce_input(&ep_spec.inputs[idx], &inputs[idx],
+                                          pp->has_image && pp->image_input == idx, st);
+        }
         free(buf);
         if (rc) {
             char msg[sizeof st->message];
@@ -221,11 +262,64 @@ static int cmd_run(const cli_opts *o, ep_status *st) {
             break;
         }
         have[idx] = 1;
-        rc = ep_coerce_input(&ep_spec.inputs[idx], &inputs[idx], st);
     }
     for (int i = 0; !rc && i < ep_spec.n_inputs; i++)
         if (!have[i]) rc = ep_fail(st, EP_ERR_USAGE, "missing input %s (--input %s=FILE.npy)", ep_spec.inputs[i].name,
                                    ep_spec.inputs[i].name);
+    free(have);
+    return rc;
+}
+
+static void print_run_report(const cli_opts *o, double ms, const ep_prepost *pp, const ep_tensor *outputs,
+                             char **paths) {
+    printf("{\"latency_ms\": %.3f, \"threads\": %d, ", ms, o->threads);
+    if (!paths) {
+        ep_write_answer(stdout, &ep_spec, pp, outputs);
+        fputs("}\n", stdout);
+        return;
+    }
+    fputs("\"outputs\": {", stdout);
+    for (int i = 0; i < ep_spec.n_outputs; i++) {
+        if (i) fputs(", ", stdout);
+        ep_json_string(stdout, ep_spec.outputs[i].name);
+        printf(": {\"dtype\": \"%s\", \"shape\": ", ep_dtype_name(outputs[i].dtype));
+        ep_write_shape_json(stdout, outputs[i].shape, outputs[i].ndim);
+        fputs(", \"file\": ", stdout);
+        ep_json_string(stdout, paths[i]);
+        fputc('}', stdout);
+    }
+    fputs("}}\n", stdout);
+}
+
+static int cmd_run(const cli_opts *o, ep_status *st) {
+    if (o->input_dir) {
+        if (o->n_inputs) return ep_fail(st, EP_ERR_USAGE, "give --input or --input-dir, not both");
+        return ep_run_batch(o->input_dir, NULL, o->output_dir, o->threads, st);
+    }
+    if (o->n_inputs == 0) return ep_fail(st, EP_ERR_USAGE, "run needs --input [NAME=]FILE.npy");
+    input_arg *args = calloc((size_t)o->n_inputs, sizeof *args);
+    if (!args) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    int rc = EP_OK;
+    for (int k = 0; k < o->n_inputs && !rc; k++) rc = assign_input(o->inputs[k], &args[k], st);
+    if (!rc && o->n_inputs == 1 && is_csv_path(args[0].path)) {
+        rc = ep_run_batch(NULL, args[0].path, o->output_dir, o->threads, st);
+        free(args);
+        return rc;
+    }
+    char **paths = NULL;
+    if (!rc && o->output_dir) rc = output_paths(o->output_dir, &paths, st);
+    /* before anything runs: no output file may be one of the inputs (also via links) */
+    for (int i = 0; !rc && paths && i < ep_spec.n_outputs; i++)
+        for (int k = 0; !rc && k < o->n_inputs; k++)
+            if (ep_same_file(paths[i], args[k].path))
+                rc = ep_fail(st, EP_ERR_USAGE, "--output %s: output %s would overwrite the input %s", o->output_dir,
+                             paths[i], args[k].path);
+    ep_prepost pp;
+    memset(&pp, 0, sizeof pp);
+    if (!rc) rc = ep_prepost_load(&ep_spec, &pp, st);
+    ep_tensor *inputs = ep_tensor_array(ep_spec.n_inputs), *outputs = ep_tensor_array(ep_spec.n_outputs);
+    if (!rc && (!inputs || !outputs)) rc = ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    if (!rc) rc = read_inputs(o, args, &pp, inputs, st);
     ep_engine *e = NULL;
     if (!rc) rc = ep_engine_open(&ep_spec, o->threads, &e, st);
     if (!rc) rc = ep_alloc_outputs(&ep_spec, outputs, st);
@@ -235,41 +329,17 @@ static int cmd_run(const cli_opts *o, ep_status *st) {
         rc = ep_engine_run(e, inputs, outputs, st);
         ms = ep_now_ms() - t0;
     }
-    if (!rc && o->output_dir) {
+    if (!rc && paths) {
         if (mkdir(o->output_dir, 0755) != 0 && errno != EEXIST)
             rc = ep_fail(st, EP_ERR_IO, "%s: %s", o->output_dir, strerror(errno));
-        for (int i = 0; !rc && i < ep_spec.n_outputs; i++) {
-            char name[256], path[4096];
-            safe_name(ep_spec.outputs[i].name, name, sizeof name);
-            snprintf(path, sizeof path, "%s/%s.npy", o->output_dir, name);
-            rc = ep_npy_write_file(path, &outputs[i], st);
-        }
+        for (int i = 0; !rc && i < ep_spec.n_outputs; i++) rc = ep_npy_write_file(paths[i], &outputs[i], st);
     }
-    if (!rc && !o->output_dir) {
-        printf("{\"latency_ms\": %.3f, \"threads\": %d, ", ms, o->threads);
-        ep_write_answer(stdout, &ep_spec, &pp, outputs);
-        fputs("}\n", stdout);
-    } else if (!rc) {
-        printf("{\"latency_ms\": %.3f, \"threads\": %d, \"outputs\": {", ms, o->threads);
-        for (int i = 0; i < ep_spec.n_outputs; i++) {
-            if (i) fputs(", ", stdout);
-            ep_json_string(stdout, ep_spec.outputs[i].name);
-            printf(": {\"dtype\": \"%s\", \"shape\": ", ep_dtype_name(outputs[i].dtype));
-            ep_write_shape_json(stdout, outputs[i].shape, outputs[i].ndim);
-            {
-                char name[256], path[4096];
-                safe_name(ep_spec.outputs[i].name, name, sizeof name);
-                snprintf(path, sizeof path, "%s/%s.npy", o->output_dir, name);
-                fputs(", \"file\": ", stdout);
-                ep_json_string(stdout, path);
-            }
-            fputc('}', stdout);
-        }
-        fputs("}}\n", stdout);
-    }
+    if (!rc) print_run_report(o, ms, &pp, outputs, paths);
     if (e) ep_engine_close(e);
-    free_all(inputs, ep_spec.n_inputs);
-    free_all(outputs, ep_spec.n_outputs);
+    ep_tensor_array_free(inputs, ep_spec.n_inputs);
+    ep_tensor_array_free(outputs, ep_spec.n_outputs);
+    free_paths(paths, ep_spec.n_outputs);
+    free(args);
     ep_prepost_free(&pp);
     return rc;
 }
@@ -292,10 +362,13 @@ static long peak_rss_kb(void) {
 
 /* Run the golden inputs `runs` times after `warmup` runs; fills sorted latencies. */
 static int timed_runs(const cli_opts *o, int warmup, int runs, double *lat, ep_tensor *outputs, ep_status *st) {
-    ep_tensor inputs[64];
-    memset(inputs, 0, sizeof inputs);
+    ep_tensor *inputs = ep_tensor_array(ep_spec.n_inputs);
+    if (!inputs) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
     int rc = load_golden(ep_spec.golden_inputs, ep_spec.n_inputs, inputs, st);
-    if (rc) return rc;
+    if (rc) {
+        free(inputs);
+        return rc;
+    }
     ep_engine *e = NULL;
     rc = ep_engine_open(&ep_spec, o->threads, &e, st);
     if (!rc) rc = ep_alloc_outputs(&ep_spec, outputs, st);
@@ -305,23 +378,23 @@ static int timed_runs(const cli_opts *o, int warmup, int runs, double *lat, ep_t
         if (i >= warmup) lat[i - warmup] = ep_now_ms() - t0;
     }
     if (e) ep_engine_close(e);
-    free_all(inputs, ep_spec.n_inputs);
+    ep_tensor_array_free(inputs, ep_spec.n_inputs);
     if (!rc) qsort(lat, (size_t)runs, sizeof(double), cmp_double);
     return rc;
 }
 
 static int cmd_selftest(const cli_opts *o, ep_status *st) {
-    ep_tensor outputs[64], golden[64];
-    memset(outputs, 0, sizeof outputs);
     int runs = o->runs > 0 ? o->runs : 3, warmup = o->warmup >= 0 ? o->warmup : 1;
+    ep_tensor *outputs = ep_tensor_array(ep_spec.n_outputs), *golden = ep_tensor_array(ep_spec.n_outputs);
     double *lat = calloc((size_t)runs, sizeof(double));
-    if (!lat) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
-    int rc = timed_runs(o, warmup, runs, lat, outputs, st);
-    double median = lat[runs / 2];
+    int rc = outputs && golden && lat ? EP_OK : ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    if (!rc) rc = timed_runs(o, warmup, runs, lat, outputs, st);
+    double median = rc ? 0 : lat[runs / 2];
     free(lat);
     if (!rc) rc = load_golden(ep_spec.golden_outputs, ep_spec.n_outputs, golden, st);
     if (rc) {
-        free_all(outputs, ep_spec.n_outputs);
+        ep_tensor_array_free(outputs, ep_spec.n_outputs);
+        free(golden);
         return rc;
     }
     int pass = 1;
@@ -351,8 +424,8 @@ static int cmd_selftest(const cli_opts *o, ep_status *st) {
                pass ? "PASS" : "FAIL", ep_spec.model_name, ep_spec.target, ep_spec.backend, worst_err, worst_bound,
                median, o->threads);
     }
-    free_all(outputs, ep_spec.n_outputs);
-    free_all(golden, ep_spec.n_outputs);
+    ep_tensor_array_free(outputs, ep_spec.n_outputs);
+    ep_tensor_array_free(golden, ep_spec.n_outputs);
     return pass ? EP_OK : EP_EXIT_FAIL;
 }
 
@@ -361,12 +434,15 @@ static int cmd_bench(const cli_opts *given, ep_status *st) {
     cli_opts *o = &opts;
     if (o->runs < 0) o->runs = 50;
     if (o->warmup < 0) o->warmup = 5;
-    ep_tensor outputs[64];
-    memset(outputs, 0, sizeof outputs);
+    ep_tensor *outputs = ep_tensor_array(ep_spec.n_outputs);
     double *lat = calloc((size_t)o->runs, sizeof(double));
-    if (!lat) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    if (!lat || !outputs) {
+        free(lat);
+        free(outputs);
+        return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    }
     int rc = timed_runs(o, o->warmup, o->runs, lat, outputs, st);
-    free_all(outputs, ep_spec.n_outputs);
+    ep_tensor_array_free(outputs, ep_spec.n_outputs);
     if (!rc) {
         double mn = lat[0], med = lat[o->runs / 2], p90 = lat[(int)((o->runs - 1) * 0.9 + 0.5)];
         long rss = peak_rss_kb();
@@ -407,6 +483,7 @@ int ep_cli(int argc, char **argv) {
             rc = ep_fail(&st, EP_ERR_USAGE, "unknown command %s (try: info, run, selftest, bench, serve)", cmd);
         }
     }
+    free(o.inputs);
     if (rc && rc != EP_EXIT_FAIL) fprintf(stderr, "error: %s\n", st.message);
     return rc;
 }

@@ -69,8 +69,10 @@ int ep_image_sniff(const unsigned char *buf, size_t len); /* 1 when PNG/JPEG/PNM
 int ep_image_decode(const unsigned char *buf, size_t len, int channels, ep_tensor *out, ep_status *st);
 
 /* ---- baked pre/post-processing, read from the embedded manifest's "prepost" ------------- */
+typedef enum { EP_RESIZE_NONE = 0, EP_RESIZE_BILINEAR = 1, EP_RESIZE_NEAREST = 2 } ep_resize;
 typedef struct {
-    int has_image, image_input, h, w, c, nchw, float01, resize; /* resize: 0 none, 1 bilinear, 2 nearest */
+    int has_image, image_input, h, w, c, nchw, float01;
+    ep_resize resize;
     int has_post, post_output, topk;
     int n_labels;
     const char **labels;
@@ -88,17 +90,20 @@ ep_kind ep_sniff(const unsigned char *buf, size_t len);
 /* One request/file -> spec->n_inputs tensors (converted to the spec's dtype, shapes checked). */
 int ep_inputs_from_bytes(const ep_model_spec *spec, const ep_prepost *pp, const unsigned char *buf, size_t len,
                          ep_kind kind, ep_tensor *inputs, ep_status *st);
-/* An already-parsed tensor for input i: numeric conversion to the spec dtype, shape check. */
-int ep_coerce_input(const ep_io_spec *spec, ep_tensor *t, ep_status *st);
+/* An already-parsed tensor for one input: the declared shape (or that shape without a leading batch
+ * of 1) and the declared dtype, else EP_ERR_INPUT naming the input. pixels != 0: the input takes raw
+ * pixels (baked image preprocessing), so uint8 data may be converted to its float dtype. */
+int ep_coerce_input(const ep_io_spec *spec, ep_tensor *t, int pixels, ep_status *st);
 void ep_write_values_json(FILE *f, const ep_tensor *t);
 void ep_write_shape_json(FILE *f, const int64_t *shape, int ndim);
 /* {"outputs": {...}, "top": [...]}-style body (no braces): outputs with values + top-k when baked. */
 void ep_write_answer(FILE *f, const ep_model_spec *spec, const ep_prepost *pp, const ep_tensor *outputs);
 void ep_free_tensors(ep_tensor *t, int n);
 
-/* CSV rows -> one run per row; mode 0: a JSON array, 1: CSV lines with a header, 2: JSON lines. */
+/* CSV rows -> one run per row, written as: */
+typedef enum { EP_ROWS_JSON_ARRAY = 0, EP_ROWS_CSV = 1, EP_ROWS_JSONL = 2 } ep_rows_format;
 int ep_predict_csv(const ep_model_spec *spec, const ep_prepost *pp, ep_engine *e, const char *text, size_t len,
-                   FILE *out, int mode, ep_status *st);
+                   FILE *out, ep_rows_format format, ep_status *st);
 
 /* ---- serve / batch ---------------------------------------------------------------------- */
 typedef struct {

@@ -115,8 +115,11 @@ static const char *descr_of(ep_dtype t) {
     }
 }
 
+/* Written to a temporary file and renamed: a failed write never leaves a half file at path. */
 int ep_npy_write_file(const char *path, const ep_tensor *t, ep_status *st) {
-    char header[256];
+    char header[512]; /* EP_MAX_DIMS dims of <= 20 digits each fit with room to spare */
+    if (!descr_of(t->dtype) || t->ndim < 0 || t->ndim > EP_MAX_DIMS)
+        return ep_fail(st, EP_ERR_IO, "%s: cannot write a %s tensor of rank %d", path, ep_dtype_name(t->dtype), t->ndim);
     int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr_of(t->dtype));
     for (int i = 0; i < t->ndim; i++)
         n += snprintf(header + n, sizeof header - (size_t)n, "%lld,%s", (long long)t->shape[i],
@@ -125,15 +128,19 @@ int ep_npy_write_file(const char *path, const ep_tensor *t, ep_status *st) {
     n += snprintf(header + n, sizeof header - (size_t)n, "), }");
     size_t total = 10 + (size_t)n + 1;
     size_t pad = (64 - total % 64) % 64;
-    FILE *f = fopen(path, "wb");
-    if (!f) return ep_fail(st, EP_ERR_IO, "%s: %s", path, strerror(errno));
+    ep_outfile of;
+    int rc = ep_outfile_open(&of, path, st);
+    if (rc) return rc;
+    FILE *f = of.f;
     unsigned short hl = (unsigned short)(n + pad + 1);
     unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
     int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, (size_t)n, f) == (size_t)n;
     for (size_t i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF;
     ok = ok && fwrite(t->data, 1, t->nbytes, f) == t->nbytes;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) return ep_fail(st, EP_ERR_IO, "%s: write failed", path);
-    return EP_OK;
+    if (!ok) {
+        ep_outfile_abort(&of);
+        return ep_fail(st, EP_ERR_IO, "%s: write failed", path);
+    }
+    return ep_outfile_commit(&of, st);
 }

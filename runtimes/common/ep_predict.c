@@ -38,7 +38,9 @@ int ep_prepost_load(const ep_model_spec *spec, ep_prepost *pp, ep_status *st) {
         pp->nchw = strcmp(d->nodes[lay].str, "nchw") == 0;
         pp->float01 = strcmp(d->nodes[dt].str, "float32") == 0;
         const char *r = d->nodes[rs].str;
-        pp->resize = strcmp(r, "none") == 0 ? 0 : strcmp(r, "nearest") == 0 ? 2 : 1;
+        pp->resize = strcmp(r, "none") == 0      ? EP_RESIZE_NONE
+                     : strcmp(r, "nearest") == 0 ? EP_RESIZE_NEAREST
+                                                 : EP_RESIZE_BILINEAR;
         if (pp->image_input < 0 || pp->h <= 0 || pp->w <= 0 || (pp->c != 1 && pp->c != 3))
             return ep_fail(st, EP_ERR_MODEL, "embedded preprocessing settings damaged");
     }
@@ -83,7 +85,7 @@ int ep_image_to_input(const ep_tensor *img, const ep_prepost *pp, const ep_io_sp
     int ih = (int)img->shape[0], iw = (int)img->shape[1], c = (int)img->shape[2];
     int h = pp->h, w = pp->w;
     if (c != pp->c) return ep_fail(st, EP_ERR_INPUT, "image has %d channels, the model takes %d", c, pp->c);
-    if ((ih != h || iw != w) && pp->resize == 0)
+    if ((ih != h || iw != w) && pp->resize == EP_RESIZE_NONE)
         return ep_fail(st, EP_ERR_INPUT, "image is %dx%d, the model takes %dx%d (built with resize=none)", iw, ih, w, h);
     int rc = ep_tensor_alloc(out, EP_F32, in->ndim, in->shape, st);
     if (rc) return rc;
@@ -98,7 +100,7 @@ int ep_image_to_input(const ep_tensor *img, const ep_prepost *pp, const ep_io_sp
     for (int y = 0; y < h; y++) {
         int y0, y1;
         float fy;
-        if (pp->resize == 2) {
+        if (pp->resize == EP_RESIZE_NEAREST) {
             y0 = y1 = (int)(((double)y + 0.5) * ih / h);
             if (y0 > ih - 1) y0 = y1 = ih - 1;
             fy = 0;
@@ -113,7 +115,7 @@ int ep_image_to_input(const ep_tensor *img, const ep_prepost *pp, const ep_io_sp
         for (int x = 0; x < w; x++) {
             int x0, x1;
             float fx;
-            if (pp->resize == 2) {
+            if (pp->resize == EP_RESIZE_NEAREST) {
                 x0 = x1 = (int)(((double)x + 0.5) * iw / w);
                 if (x0 > iw - 1) x0 = x1 = iw - 1;
                 fx = 0;
@@ -148,54 +150,37 @@ ep_kind ep_sniff(const unsigned char *b, size_t len) {
     return EP_KIND_CSV;
 }
 
-static double get_num(const ep_tensor *t, size_t i) {
-    switch (t->dtype) {
-    case EP_F32: return ((const float *)t->data)[i];
-    case EP_F64: return ((const double *)t->data)[i];
-    case EP_I32: return ((const int32_t *)t->data)[i];
-    case EP_I64: return (double)((const int64_t *)t->data)[i];
-    case EP_U8: case EP_BOOL: return ((const uint8_t *)t->data)[i];
-    case EP_I8: return ((const int8_t *)t->data)[i];
-    default: return NAN;
-    }
+/* The declared shape, or (allowed) the declared shape without its leading batch dim of 1. */
+static int shape_matches(const ep_io_spec *spec, const ep_tensor *t) {
+    int skip = t->ndim == spec->ndim - 1 && spec->ndim > 0 && spec->shape[0] == 1 ? 1 : 0;
+    if (t->ndim + skip != spec->ndim) return 0;
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] != spec->shape[i + skip]) return 0;
+    return 1;
 }
 
-static void set_num(ep_tensor *t, size_t i, double v) {
-    switch (t->dtype) {
-    case EP_F32: ((float *)t->data)[i] = (float)v; break;
-    case EP_F64: ((double *)t->data)[i] = v; break;
-    case EP_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
-    case EP_I64: ((int64_t *)t->data)[i] = (int64_t)v; break;
-    case EP_U8: case EP_BOOL: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
-    case EP_I8: ((int8_t *)t->data)[i] = (int8_t)v; break;
-    default: break;
-    }
-}
-
-static int is_int_dtype(ep_dtype t) { return t == EP_U8 || t == EP_I8 || t == EP_I32 || t == EP_I64 || t == EP_BOOL; }
-
-int ep_coerce_input(const ep_io_spec *spec, ep_tensor *t, ep_status *st) {
-    int64_t want = ep_shape_count(spec->shape, spec->ndim), have = ep_shape_count(t->shape, t->ndim);
-    if (want != have) {
+int ep_coerce_input(const ep_io_spec *spec, ep_tensor *t, int pixels, ep_status *st) {
+    if (!shape_matches(spec, t)) {
         char a[128], b[128];
         ep_shape_str(t->shape, t->ndim, a, sizeof a);
         ep_shape_str(spec->shape, spec->ndim, b, sizeof b);
         return ep_fail(st, EP_ERR_INPUT, "input %s: shape %s, the model needs %s", spec->name, a, b);
     }
-    if (t->dtype != spec->dtype && is_int_dtype(t->dtype) && (spec->dtype == EP_F32 || spec->dtype == EP_F64)) {
-        /* integer data (e.g. uint8 pixels) into a float input: exact, and ncnn takes float32 only */
+    if (t->dtype != spec->dtype) {
+        if (!(pixels && t->dtype == EP_U8 && (spec->dtype == EP_F32 || spec->dtype == EP_F16 || spec->dtype == EP_F64)))
+            return ep_fail(st, EP_ERR_INPUT, "input %s: dtype %s, the model needs %s (convert the data first%s)",
+                           spec->name, ep_dtype_name(t->dtype), ep_dtype_name(spec->dtype),
+                           pixels ? "; raw pixels may be uint8" : "");
+        /* raw uint8 pixels into the float input of baked image preprocessing: exact */
         ep_tensor c;
         int rc = ep_tensor_alloc(&c, spec->dtype, spec->ndim, spec->shape, st);
         if (rc) return rc;
-        for (size_t i = 0; i < (size_t)want; i++) set_num(&c, i, get_num(t, i));
+        for (size_t i = 0; i < c.nbytes / ep_dtype_size(c.dtype); i++) ep_tensor_set(&c, i, ep_tensor_get(t, i));
         ep_tensor_free(t);
         *t = c;
     }
-    /* same element count: take the model's shape (e.g. [3,64,64] for [1,3,64,64]) */
-    if (t->dtype == spec->dtype) {
-        t->ndim = spec->ndim;
-        memcpy(t->shape, spec->shape, sizeof t->shape);
-    }
+    t->ndim = spec->ndim; /* adds the leading batch dim when it was left out */
+    memcpy(t->shape, spec->shape, sizeof t->shape);
     return ep_check_input(spec, t, st);
 }
 
@@ -230,7 +215,7 @@ static int json_tensor(const ep_json *d, int node, ep_dtype dt, ep_tensor *out, 
                 ep_tensor_free(out);
                 return ep_fail(st, EP_ERR_INPUT, "JSON tensor is not rectangular or holds non-numbers");
             }
-            set_num(out, k++, leaf->num);
+            ep_tensor_set(out, k++, leaf->num);
             depth--;
             continue;
         }
@@ -307,7 +292,8 @@ int ep_inputs_from_bytes(const ep_model_spec *spec, const ep_prepost *pp, const 
     } else {
         return ep_fail(st, EP_ERR_INPUT, "unrecognised input (expected an image, .npy, JSON or CSV)");
     }
-    for (int i = 0; i < spec->n_inputs && !rc; i++) rc = ep_coerce_input(&spec->inputs[i], &inputs[i], st);
+    for (int i = 0; i < spec->n_inputs && !rc; i++)
+        rc = ep_coerce_input(&spec->inputs[i], &inputs[i], pp && pp->has_image && pp->image_input == i, st);
     if (rc) ep_free_tensors(inputs, spec->n_inputs);
     return rc;
 }
@@ -317,9 +303,10 @@ void ep_write_values_json(FILE *f, const ep_tensor *t) {
     fputc('[', f);
     for (size_t i = 0; i < n; i++) {
         if (i) fputc(',', f);
-        double v = get_num(t, i);
-        if (!isfinite(v)) fputs("null", f);
-        else if (t->dtype == EP_F32) fprintf(f, "%.9g", v);
+        double v = ep_tensor_get(t, i);
+        if (t->dtype == EP_I64) fprintf(f, "%lld", (long long)((const int64_t *)t->data)[i]); /* exact past 2^53 */
+        else if (!isfinite(v)) fputs("null", f);
+        else if (t->dtype == EP_F32 || t->dtype == EP_F16) fprintf(f, "%.9g", v);
         else if (t->dtype == EP_F64) fprintf(f, "%.17g", v);
         else fprintf(f, "%.0f", v);
     }
@@ -344,14 +331,14 @@ static void write_top(FILE *f, const ep_prepost *pp, const ep_tensor *scores) {
             int used = 0;
             for (int q = 0; q < j; q++) used |= best[q] == (int)i;
             if (used) continue;
-            double v = get_num(scores, i);
-            if (b < 0 || v > get_num(scores, (size_t)b) || (isnan(get_num(scores, (size_t)b)) && !isnan(v))) b = (int)i;
+            double v = ep_tensor_get(scores, i);
+            if (b < 0 || v > ep_tensor_get(scores, (size_t)b) || (isnan(ep_tensor_get(scores, (size_t)b)) && !isnan(v))) b = (int)i;
         }
         best[j] = b;
     }
     fputs("\"top\": [", f);
     for (int j = 0; j < k; j++) {
-        double v = get_num(scores, (size_t)best[j]);
+        double v = ep_tensor_get(scores, (size_t)best[j]);
         fprintf(f, "%s{\"index\": %d, \"label\": ", j ? ", " : "", best[j]);
         if (best[j] < pp->n_labels) ep_json_string(f, pp->labels[best[j]]);
         else fprintf(f, "\"%d\"", best[j]);
@@ -387,7 +374,7 @@ static void write_csv_header(FILE *f, const ep_model_spec *spec, const ep_prepos
 }
 
 int ep_predict_csv(const ep_model_spec *spec, const ep_prepost *pp, ep_engine *e, const char *text, size_t len,
-                   FILE *out, int as_csv, ep_status *st) {
+                   FILE *out, ep_rows_format format, ep_status *st) {
     if (spec->n_inputs != 1) return ep_fail(st, EP_ERR_INPUT, "CSV input needs a model with one input");
     double *vals;
     int rows, cols;
@@ -405,44 +392,48 @@ int ep_predict_csv(const ep_model_spec *spec, const ep_prepost *pp, ep_engine *e
         return ep_fail(st, EP_ERR_INPUT, "CSV rows have %d values; input %s takes %s (%lld values per row)", cols,
                        in->name, b, (long long)per);
     }
-    ep_tensor inputs[1], outputs[64];
-    memset(outputs, 0, sizeof outputs);
-    if (as_csv == 0) fputc('[', out);
+    ep_tensor inputs[1], *outputs = ep_tensor_array(spec->n_outputs); /* one input: checked above */
+    if (!outputs) {
+        free(vals);
+        return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    }
+    if (format == EP_ROWS_JSON_ARRAY) fputc('[', out);
     for (int r = 0; r < rows && !rc; r += per_run_rows) {
         rc = ep_tensor_alloc(&inputs[0], in->dtype, in->ndim, in->shape, st);
         if (rc) break;
-        for (int64_t j = 0; j < per; j++) set_num(&inputs[0], (size_t)j, vals[(size_t)r * cols + (size_t)j]);
+        for (int64_t j = 0; j < per; j++) ep_tensor_set(&inputs[0], (size_t)j, vals[(size_t)r * cols + (size_t)j]);
         rc = ep_alloc_outputs(spec, outputs, st);
         if (!rc) rc = ep_engine_run(e, inputs, outputs, st);
         if (!rc) {
-            if (as_csv == 1) {
+            if (format == EP_ROWS_CSV) {
                 if (r == 0) write_csv_header(out, spec, pp, outputs);
                 fprintf(out, "%d", r);
                 if (pp->has_post) {
                     const ep_tensor *s = &outputs[pp->post_output];
                     size_t n = (size_t)ep_shape_count(s->shape, s->ndim), b = 0;
                     for (size_t i = 1; i < n; i++)
-                        if (get_num(s, i) > get_num(s, b)) b = i;
+                        if (ep_tensor_get(s, i) > ep_tensor_get(s, b)) b = i;
                     fputc(',', out);
                     if ((int)b < pp->n_labels) ep_json_string(out, pp->labels[b]);
                     else fprintf(out, "%zu", b);
-                    fprintf(out, ",%.9g", get_num(s, b));
+                    fprintf(out, ",%.9g", ep_tensor_get(s, b));
                 }
                 for (int i = 0; i < spec->n_outputs; i++) {
                     size_t n = (size_t)ep_shape_count(outputs[i].shape, outputs[i].ndim);
-                    for (size_t j = 0; j < n; j++) fprintf(out, ",%.9g", get_num(&outputs[i], j));
+                    for (size_t j = 0; j < n; j++) fprintf(out, ",%.9g", ep_tensor_get(&outputs[i], j));
                 }
                 fputc('\n', out);
             } else {
-                fprintf(out, "%s{\"row\": %d, ", r && as_csv == 0 ? ", " : "", r);
+                fprintf(out, "%s{\"row\": %d, ", r && format == EP_ROWS_JSON_ARRAY ? ", " : "", r);
                 ep_write_answer(out, spec, pp, outputs);
-                fputs(as_csv == 2 ? "}\n" : "}", out);
+                fputs(format == EP_ROWS_JSONL ? "}\n" : "}", out);
             }
         }
         ep_tensor_free(&inputs[0]);
         ep_free_tensors(outputs, spec->n_outputs);
     }
-    if (as_csv == 0 && !rc) fputc(']', out);
+    if (format == EP_ROWS_JSON_ARRAY && !rc) fputc(']', out);
+    free(outputs);
     free(vals);
     return rc;
 }

@@ -15,6 +15,9 @@ extern "C" {
 #endif
 
 #define EP_MAX_DIMS 8
+/* Sanity bound on a spec's input/output count, checked in ep_engine_open (ep_spec_check):
+ * everything indexed by these counts is heap-allocated from them, this only catches damage. */
+#define EP_MAX_IO 65536
 
 typedef enum {
     EP_OK = 0,
@@ -54,6 +57,18 @@ int64_t ep_shape_count(const int64_t *shape, int ndim);
 int ep_tensor_alloc(ep_tensor *t, ep_dtype dtype, int ndim, const int64_t *shape, ep_status *st);
 void ep_tensor_free(ep_tensor *t);
 void ep_shape_str(const int64_t *shape, int ndim, char *buf, size_t len);
+/* n zeroed tensors on the heap (never a fixed array: n comes from the model); NULL when out of memory. */
+ep_tensor *ep_tensor_array(int n);
+/* Frees the tensors' data and the array itself. */
+void ep_tensor_array_free(ep_tensor *t, int n);
+
+/* The one accessor pair for every dtype (float16 included): element i as a double, and set from a
+ * double (integers saturate and truncate toward zero, NaN -> 0, bool: v != 0). */
+double ep_tensor_get(const ep_tensor *t, size_t i);
+void ep_tensor_set(ep_tensor *t, size_t i, double v);
+/* IEEE 754 binary16 <-> binary32/64, round-to-nearest-even, bit-exact with numpy's astype. */
+float ep_half_to_float(uint16_t h);
+uint16_t ep_double_to_half(double d);
 
 /* ---- what the build embedded ------------------------------------------------------------ */
 typedef struct {
@@ -110,6 +125,21 @@ int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_s
 int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st);
 void ep_engine_close(ep_engine *e);
 const char *ep_engine_describe(void); /* e.g. "ncnn 1.0.20261020" */
+
+/* Every count and shape in the spec is sane (called by each engine's ep_engine_open). */
+int ep_spec_check(const ep_model_spec *spec, ep_status *st);
+
+/* ---- files written by the CLI: never half-written, never over an input --------------------- */
+/* A temporary file next to `path` (same folder, so the final rename is atomic). */
+typedef struct {
+    char *path, *tmp;
+    FILE *f;
+} ep_outfile;
+int ep_outfile_open(ep_outfile *o, const char *path, ep_status *st);
+int ep_outfile_commit(ep_outfile *o, ep_status *st); /* flush, close, rename over path */
+void ep_outfile_abort(ep_outfile *o);                 /* close and remove the temporary file */
+/* 1 when both paths name one existing file (symlinks followed, hard links included). */
+int ep_same_file(const char *a, const char *b);
 
 /* ---- shared helpers used by the CLI ----------------------------------------------------- */
 int ep_check_input(const ep_io_spec *spec, const ep_tensor *t, ep_status *st);

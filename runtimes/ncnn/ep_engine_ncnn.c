@@ -1,24 +1,26 @@
-/* The ncnn engine behind ep_engine_*: loads the embedded .param/.bin through ncnn's C API.
+/* The ncnn engine (ep_engine_ops_ncnn, see ep_engine_table.h): loads the embedded .param/.bin
+ * through ncnn's C API.
  *
  * Options from the spec: ncnn.in.<i> / ncnn.out.<i> (blob names), ncnn.batch_axis.<i>
  * ("0" when the ONNX dim 0 is a batch dim ncnn does not see, "none" otherwise),
  * ncnn.fp32 ("1" forces fp32 storage and arithmetic), ncnn.fp16_arithmetic ("0": fp16 storage only).
  * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights.
  */
-#include "ep_runtime.h"
+#include "ep_engine_table.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "ncnn/c_api.h"
 
-struct ep_engine {
+typedef struct {
     const ep_model_spec *spec;
     ncnn_net_t net;
     ncnn_option_t opt;
-};
+} ncnn_engine;
 
-const char *ep_engine_describe(void) { return "ncnn"; }
+static const char *ncnn_describe(void) { return "ncnn"; }
+static void ncnn_close(void *handle);
 
 /* ncnn sizes its OpenMP-emulation pool from /proc/cpuinfo; where that file is unreadable
  * (seen in qemu-user chroots) the pool has one worker and parallel regions with barriers then
@@ -40,10 +42,12 @@ static const char *indexed(const ep_model_spec *spec, const char *prefix, int i,
     return ep_option_get(spec, key, fallback);
 }
 
-int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_status *st) {
+static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_status *st) {
     *out = NULL;
+    int src = ep_spec_check(spec, st);
+    if (src) return src;
     if (spec->n_model_blobs < 2) return ep_fail(st, EP_ERR_MODEL, "artifact holds no ncnn model");
-    ep_engine *e = calloc(1, sizeof *e);
+    ncnn_engine *e = calloc(1, sizeof *e);
     if (!e) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
     e->spec = spec;
     e->opt = ncnn_option_create();
@@ -68,12 +72,12 @@ int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_s
     ncnn_net_set_option(e->net, e->opt);
     const ep_blob *param = &spec->model_blobs[0], *bin = &spec->model_blobs[1];
     if (ncnn_net_load_param_memory(e->net, (const char *)param->data) != 0) {
-        ep_engine_close(e);
+        ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "ncnn rejected the embedded .param (unknown layer type?)");
     }
     size_t used = ncnn_net_load_model_memory(e->net, bin->data);
     if (used != ep_blob_size(bin)) {
-        ep_engine_close(e);
+        ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "ncnn consumed %zu of %zu weight bytes: .param and .bin disagree", used,
                        ep_blob_size(bin));
     }
@@ -104,7 +108,8 @@ static int batch_axis_of(const ep_model_spec *spec, const char *prefix, int i) {
     return strcmp(indexed(spec, prefix, i, "none"), "0") == 0 ? 0 : -1;
 }
 
-int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {
+static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {
+    ncnn_engine *e = handle;
     const ep_model_spec *spec = e->spec;
     ncnn_extractor_t ex = ncnn_extractor_create(e->net);
     int rc = EP_OK;
@@ -171,9 +176,12 @@ int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_
     return rc;
 }
 
-void ep_engine_close(ep_engine *e) {
+static void ncnn_close(void *handle) {
+    ncnn_engine *e = handle;
     if (!e) return;
     if (e->net) ncnn_net_destroy(e->net);
     if (e->opt) ncnn_option_destroy(e->opt);
     free(e);
 }
+
+const ep_engine_ops ep_engine_ops_ncnn = {"ncnn", ncnn_open, ncnn_run, ncnn_close, ncnn_describe};

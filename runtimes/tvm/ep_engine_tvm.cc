@@ -1,18 +1,28 @@
-/* The TVM engine behind ep_engine_*: the model compiled by apache-tvm (relax, system library)
- * is linked in as lib0.o (kernels) + devc.o (VM bytecode and weights), both registering
- * themselves at start-up; this file loads the VM executable from the system library and runs
- * its "main" function.
+/* The TVM engine (ep_engine_ops_tvm, see ep_engine_table.h): the model compiled by apache-tvm
+ * (relax, system library) is linked in as lib0.o (kernels) + devc.o (VM bytecode and weights),
+ * both registering themselves at start-up; this file loads the VM executable from the system
+ * library and runs its "main" function.
  *
  * Options from the spec: tvm.entry (function name, default "main"), tvm.outputs (number of
  * outputs the VM returns, as a check). Threads: TVM's own thread pool, sized through
  * TVM_NUM_THREADS before the pool starts (a user's TVM_NUM_THREADS wins).
+ *
+ * ISA levels (x86_64): tvm.isa lists extra copies of the kernels, best first, as
+ * "x86-64-v4=edgepack_v4_;x86-64-v3=edgepack_v3_" (level=system-lib prefix); tvm.isa_base names
+ * the level of the unprefixed kernels. The first level this CPU has (CPUID + the OS saving the
+ * vector state) is used; tvm-ffi's SystemLib(prefix) finds the bytecode/weights and any kernel
+ * the level lacks under the plain name. EDGEPACK_TVM_ISA=<level> forces a level (refused when the
+ * CPU lacks it), EDGEPACK_TVM_ISA=auto only reports the choice; both print it on stderr.
+ *
+ * tvm.prefix: the system-lib prefix of this model's kernels and bytecode (a partitioned artifact
+ * holds several TVM segments; all but the first are compiled with their own prefix, no ISA copies).
  */
 /* musl defines no __MUSL__, so tvm-ffi cannot detect endianness alone (as in runtime_lib.DEFINES). */
 #ifndef TVM_FFI_CMAKE_LITTLE_ENDIAN
 #define TVM_FFI_CMAKE_LITTLE_ENDIAN 1
 #endif
 
-#include "ep_runtime.h"
+#include "ep_engine_table.h"
 
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/array.h>
@@ -24,6 +34,11 @@
 #include <tvm/runtime/memory/memory_manager.h>
 #include <tvm/runtime/tensor.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -33,15 +48,92 @@
 namespace ffi = tvm::ffi;
 using tvm::runtime::Tensor;
 
-struct ep_engine {
+struct tvm_engine {
     const ep_model_spec *spec;
     ffi::Optional<ffi::Module> vm;   // (Module has no empty state of its own)
     ffi::Optional<ffi::Function> entry;
 };
 
-extern "C" const char *ep_engine_describe(void) { return "tvm 0.27 relax VM (system library)"; }
+static char g_describe[160] = "tvm 0.27 relax VM (system library)";
 
 namespace {
+
+const char *tvm_describe(void) { return g_describe; }
+
+/* Whether this CPU runs code compiled for an x86-64 micro-architecture level (the psABI's
+ * x86-64-v2/v3/v4 feature lists). Unknown names are "no". */
+bool cpu_has_level(const std::string &level) {
+#if defined(__x86_64__)
+    if (level == "x86-64") return true;
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned c1 = c;
+    unsigned ext_c = 0;
+    if (__get_cpuid(0x80000001, &a, &b, &c, &d)) ext_c = c;
+    // SSE3, SSSE3, CX16, SSE4.1, SSE4.2, POPCNT; LAHF/SAHF
+    const bool v2 = (c1 & 1u) && (c1 & (1u << 9)) && (c1 & (1u << 13)) && (c1 & (1u << 19)) && (c1 & (1u << 20)) &&
+                    (c1 & (1u << 23)) && (ext_c & 1u);
+    if (level == "x86-64-v2") return v2;
+    if (!v2 || !(c1 & (1u << 27))) return false;  // OSXSAVE: xgetbv is usable
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    unsigned b7 = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) b7 = b;
+    // AVX, FMA, F16C, MOVBE; AVX2, BMI1, BMI2; LZCNT; the OS saves XMM+YMM state
+    const bool v3 = (c1 & (1u << 28)) && (c1 & (1u << 12)) && (c1 & (1u << 29)) && (c1 & (1u << 22)) &&
+                    (b7 & (1u << 5)) && (b7 & (1u << 3)) && (b7 & (1u << 8)) && (ext_c & (1u << 5)) &&
+                    (xlo & 0x6u) == 0x6u;
+    if (level == "x86-64-v3") return v3;
+    // AVX512F, DQ, CD, BW, VL; the OS saves opmask + ZMM state
+    const bool v4 = v3 && (b7 & (1u << 16)) && (b7 & (1u << 17)) && (b7 & (1u << 28)) && (b7 & (1u << 30)) &&
+                    (b7 & (1u << 31)) && (xlo & 0xe0u) == 0xe0u;
+    if (level == "x86-64-v4") return v4;
+    return false;
+#else
+    (void)level;
+    return false;
+#endif
+}
+
+/* The system-lib prefix to load (and the level's name into *level), per tvm.isa; -1 on a
+ * forced level this CPU or artifact cannot run. */
+int pick_isa(const ep_model_spec *spec, std::string *prefix, std::string *level, ep_status *st) {
+    const std::string list = ep_option_get(spec, "tvm.isa", "");
+    const std::string base = ep_option_get(spec, "tvm.isa_base", "");
+    const char *env = std::getenv("EDGEPACK_TVM_ISA");
+    const std::string forced = env && std::strcmp(env, "auto") != 0 ? env : "";
+    *prefix = ep_option_get(spec, "tvm.prefix", "");
+    *level = base;
+    bool found = !forced.empty() && forced == base;
+    size_t pos = 0;
+    while (pos < list.size()) {
+        size_t end = list.find(';', pos);
+        if (end == std::string::npos) end = list.size();
+        std::string item = list.substr(pos, end - pos);
+        pos = end + 1;
+        size_t eq = item.find('=');
+        if (eq == std::string::npos) continue;
+        std::string lv = item.substr(0, eq), px = item.substr(eq + 1);
+        if (!forced.empty() ? forced == lv : cpu_has_level(lv)) {
+            if (!forced.empty() && !cpu_has_level(lv))
+                return ep_fail(st, EP_ERR_USAGE, "EDGEPACK_TVM_ISA=%s: this CPU lacks that instruction set",
+                               forced.c_str());
+            *prefix = px;
+            *level = lv;
+            found = true;
+            break;
+        }
+    }
+    if (!forced.empty() && !found)
+        return ep_fail(st, EP_ERR_USAGE, "EDGEPACK_TVM_ISA=%s: the artifact has kernels for %s%s%s only",
+                       forced.c_str(), base.empty() ? "one level" : base.c_str(), list.empty() ? "" : " and ",
+                       list.c_str());
+    if (env) std::fprintf(stderr, "tvm: kernels for %s\n", level->empty() ? "the build's CPU" : level->c_str());
+    if (!level->empty())
+        std::snprintf(g_describe, sizeof g_describe, "tvm 0.27 relax VM (system library), kernels for %s",
+                      level->c_str());
+    return EP_OK;
+}
 
 bool to_dl(ep_dtype t, DLDataType *out) {
     switch (t) {
@@ -106,20 +198,24 @@ int copy_output(const ffi::Any &value, int index, const ep_model_spec *spec, ep_
     return EP_OK;
 }
 
-}  // namespace
-
-extern "C" int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_status *st) {
+int tvm_open(const ep_model_spec *spec, int threads, void **out, ep_status *st) {
     *out = nullptr;
+    if (int rc = ep_spec_check(spec, st)) return rc;
     if (threads > 0 && std::getenv("TVM_NUM_THREADS") == nullptr) {
         char buf[16];
         snprintf(buf, sizeof buf, "%d", threads);
         setenv("TVM_NUM_THREADS", buf, 1);
     }
-    ep_engine *e = new (std::nothrow) ep_engine();
+    tvm_engine *e = new (std::nothrow) tvm_engine();
     if (!e) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
     e->spec = spec;
+    std::string prefix, level;
+    if (int rc = pick_isa(spec, &prefix, &level, st)) {
+        delete e;
+        return rc;
+    }
     try {
-        ffi::Module syslib = ffi::Function::GetGlobalRequired("ffi.SystemLib")().cast<ffi::Module>();
+        ffi::Module syslib = ffi::Function::GetGlobalRequired("ffi.SystemLib")(ffi::String(prefix)).cast<ffi::Module>();
         auto load = syslib->GetFunction("vm_load_executable", false);
         if (!load.has_value()) {
             delete e;
@@ -151,7 +247,8 @@ extern "C" int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine 
     return EP_OK;
 }
 
-extern "C" int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {
+int tvm_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {
+    tvm_engine *e = static_cast<tvm_engine *>(handle);
     const ep_model_spec *spec = e->spec;
     try {
         std::vector<ffi::Any> args;
@@ -188,4 +285,8 @@ extern "C" int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *o
     }
 }
 
-extern "C" void ep_engine_close(ep_engine *e) { delete e; }
+void tvm_close(void *handle) { delete static_cast<tvm_engine *>(handle); }
+
+}  // namespace
+
+extern "C" const ep_engine_ops ep_engine_ops_tvm = {"tvm", tvm_open, tvm_run, tvm_close, tvm_describe};
