@@ -11,6 +11,7 @@ from conftest import run_edgepack
 from edgepack.model import load_model
 from edgepack.reference import run_onnxruntime
 from edgepack.runner import run_artifact
+from edgepack.sdk import InputError
 from prepost_fixtures import LABELS, baked_x86, classifier_dir, make_images, tabular_model, tabular_x86
 
 
@@ -24,8 +25,9 @@ def test_input_dir_to_jsonl_with_bad_files(tmp_path):
     (d / "sub").mkdir()
     out = tmp_path / "results.jsonl"
     proc = run_artifact(baked_x86(), ["run", "--input-dir", str(d), "--output", str(out)])
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # results kept, but a batch with failed files is not a success
     assert f"{len(imgs) + 3} files: {len(imgs)} ok, 3 failed" in proc.stderr
+    assert f"error: 3 of {len(imgs) + 3} files failed (their error lines are in {out})" in proc.stderr
     lines = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert [ln["file"] for ln in lines] == sorted(list(imgs) + ["broken.jpg", "notes.txt", "wrong.json"])
     by = {ln["file"]: ln for ln in lines}
@@ -37,7 +39,7 @@ def test_input_dir_to_jsonl_with_bad_files(tmp_path):
     # the ONNX reference through `edgepack run` gives the same top-1 for every good file
     ref = tmp_path / "ref.jsonl"
     proc = run_edgepack("run", str(classifier_dir() / "tiny_cnn.onnx"), "--input-dir", str(d), "--output", str(ref))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == InputError.exit_code and "3 of" in proc.stderr, proc.stderr
     ref_by = {j["file"]: j for j in map(json.loads, ref.read_text().splitlines())}
     assert "error" in ref_by["broken.jpg"] and "error" in ref_by["notes.txt"]
     for name in imgs:

@@ -18,6 +18,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         volatile unsigned char acc = 0;
         for (size_t i = 0; i < t.nbytes; i++) acc ^= ((unsigned char *)t.data)[i];
         (void)acc;
+        /* and every element through the one accessor pair (float16 included; UBSan checks the casts) */
+        size_t n = t.nbytes / ep_dtype_size(t.dtype);
+        volatile double sum = 0;
+        for (size_t i = 0; i < n && i < 4096; i++) {
+            double v = ep_tensor_get(&t, i);
+            sum += v;
+            ep_tensor_set(&t, i, v * 1e6);
+        }
+        (void)sum;
         ep_tensor_free(&t);
     }
     return 0;
@@ -32,7 +41,7 @@ static uint64_t next_rand(void) {
     return rng_state;
 }
 
-static const char *const TOKENS[] = {"'descr'", "'<f4'", "'<i8'", "'|u1'", "'fortran_order'", "True", "False",
+static const char *const TOKENS[] = {"'descr'", "'<f4'", "'<i8'", "'|u1'", "'<f2'", "'|b1'", "'fortran_order'", "True", "False",
                                      "'shape'", "(", ")", ",", "99999999999999999999", "-1", "0", "L", "{", "}"};
 
 static size_t mutate(uint8_t *buf, size_t len, size_t cap) {
