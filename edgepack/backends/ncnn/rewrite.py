@@ -1,0 +1,340 @@
+"""ONNX graph rewrites that keep real models on NCNN.
+
+pnnx tracks one batch axis per tensor and gives up on layers that move or cut across it: a
+Transpose that puts the batch axis second followed by a Slice/Squeeze/Gather (SVTR attention's
+qkv split), a Reshape that drops a unit axis that pnnx takes for the batch (CRNN heads), and
+strided slices (YOLOX's Focus). Those stay as `Tensor.reshape`/`Tensor.slice`/`torch.unbind`
+layers that ncnn cannot load. With every input shape fixed and batch 1, each of these has an
+equivalent form pnnx does convert. Every function here is a pure graph -> graph step on a
+static-shape model; `rewrite_for_ncnn` applies them all and says which fired. Numerics are
+unchanged (moves of unit axes and one-hot convolutions are exact).
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+class _Graph:
+    """Index of one (static-shape) graph: producers, consumers, shapes and constants."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.g = model.graph
+        inferred = onnx.shape_inference.infer_shapes(model)
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+            dims = v.type.tensor_type.shape.dim
+            if v.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+                self.shapes[v.name] = tuple(int(d.dim_value) for d in dims)
+        self.consts = {i.name: numpy_helper.to_array(i) for i in self.g.initializer}
+        for n in self.g.node:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                self.consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+        for name, arr in self.consts.items():
+            self.shapes.setdefault(name, tuple(arr.shape))
+        self.producer = {o: n for n in self.g.node for o in n.output}
+        self.consumers: dict[str, list] = {}
+        for n in self.g.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.outputs = {o.name for o in self.g.output}
+        # fresh names continue after any this module gave before (deterministic, so builds reproduce)
+        names = [*(o for n in self.g.node for o in n.output), *(i.name for i in self.g.initializer)]
+        self._uid = max((int(x.rsplit("__ep", 1)[1]) for x in names
+                         if "__ep" in x and x.rsplit("__ep", 1)[1].isdigit()), default=0)
+
+    def const_ints(self, name: str) -> list[int] | None:
+        arr = self.consts.get(name)
+        return None if arr is None else [int(v) for v in np.asarray(arr).reshape(-1)]
+
+    def fresh(self, base: str) -> str:
+        self._uid += 1
+        return f"{base}__ep{self._uid}"
+
+    def add_const(self, base: str, arr: np.ndarray) -> str:
+        name = self.fresh(base)
+        self.g.initializer.append(numpy_helper.from_array(arr, name))
+        return name
+
+
+def _apply(graph: onnx.GraphProto, plan: dict[int, list]) -> int:
+    """Put plan[i]'s nodes where node i was (keeps the node list topologically sorted)."""
+    if plan:
+        nodes = []
+        for i, n in enumerate(graph.node):
+            nodes.extend(plan.get(i, [n]))
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return len(plan)
+
+
+def _attr(node, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _slice_args(gr: _Graph, node) -> tuple[list, list, list, list] | None:
+    """(starts, ends, axes, steps) of an opset-10+ Slice with constant arguments."""
+    if len(node.input) < 3:
+        return None
+    args = [gr.const_ints(x) if x else None for x in node.input[1:5]]
+    starts, ends = args[0], args[1]
+    if starts is None or ends is None:
+        return None
+    axes = args[2] if len(args) > 2 and args[2] is not None else list(range(len(starts)))
+    steps = args[3] if len(args) > 3 and args[3] is not None else [1] * len(starts)
+    rank = len(gr.shapes.get(node.input[0], ()))
+    return starts, ends, [a + rank if a < 0 else a for a in axes], steps
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+# ---- rewrites -------------------------------------------------------------------------------
+
+def slice_before_transpose(model: onnx.ModelProto) -> int:
+    """Slice(Transpose(x, perm)) -> Transpose(Slice(x) on the matching axes, perm).
+
+    SVTR attention splits q/k/v with slices on axis 0 after a transpose that moved the batch axis
+    to position 1; slicing before the transpose keeps pnnx's batch axis where it can follow it."""
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type != "Slice":
+            continue
+        t = gr.producer.get(node.input[0])
+        args = _slice_args(gr, node)
+        if t is None or t.op_type != "Transpose" or args is None or node.input[0] in gr.outputs:
+            continue
+        perm = _attr(t, "perm")
+        if perm is None:
+            continue
+        starts, ends, axes, steps = args
+        new_axes = np.array([perm[a] for a in axes], np.int64)
+        sliced = gr.fresh(node.output[0] + "_pre")
+        ins = [t.input[0], gr.add_const("starts", np.array(starts, np.int64)),
+               gr.add_const("ends", np.array(ends, np.int64)), gr.add_const("axes", new_axes),
+               gr.add_const("steps", np.array(steps, np.int64))]
+        plan[pos] = ([helper.make_node("Slice", ins, [sliced], name=gr.fresh(node.name or "slice")),
+                              helper.make_node("Transpose", [sliced], list(node.output), perm=list(perm),
+                                               name=gr.fresh(t.name or "transpose"))])
+    return _apply(gr.g, plan)
+
+
+def squeeze_before_transpose(model: onnx.ModelProto) -> int:
+    """Squeeze(Transpose(x, perm), axes) -> Transpose(Squeeze(x, perm[axes]), perm without them)."""
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type != "Squeeze":
+            continue
+        t = gr.producer.get(node.input[0])
+        if t is None or t.op_type != "Transpose" or _attr(t, "perm") is None:
+            continue
+        perm = list(_attr(t, "perm"))
+        axes = _attr(node, "axes") if len(node.input) < 2 else gr.const_ints(node.input[1])
+        if axes is None:
+            continue
+        axes = sorted(a + len(perm) if a < 0 else a for a in axes)
+        src_axes = sorted(perm[a] for a in axes)
+        kept = [p for i, p in enumerate(perm) if i not in axes]
+        new_perm = [p - sum(1 for s in src_axes if s < p) for p in kept]
+        squeezed = gr.fresh(node.output[0] + "_pre")
+        sq = helper.make_node("Squeeze", [t.input[0], gr.add_const("axes", np.array(src_axes, np.int64))],
+                              [squeezed], name=gr.fresh(node.name or "squeeze"))
+        if model.opset_import and _opset(model) < 13:
+            sq = helper.make_node("Squeeze", [t.input[0]], [squeezed], axes=src_axes, name=sq.name)
+        plan[pos] = ([sq, helper.make_node("Transpose", [squeezed], list(node.output), perm=new_perm,
+                                                   name=gr.fresh(t.name or "transpose"))])
+    return _apply(gr.g, plan)
+
+
+def gather_before_transpose(model: onnx.ModelProto) -> int:
+    """Gather(Transpose(x, perm), scalar i, axis a) -> Transpose(Gather(x, i, perm[a]), perm')."""
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type != "Gather":
+            continue
+        t = gr.producer.get(node.input[0])
+        idx = gr.consts.get(node.input[1])
+        if t is None or t.op_type != "Transpose" or _attr(t, "perm") is None or idx is None or idx.ndim != 0:
+            continue
+        perm = list(_attr(t, "perm"))
+        a = _attr(node, "axis", 0)
+        a = a + len(perm) if a < 0 else a
+        src = perm[a]
+        new_perm = [p - (p > src) for i, p in enumerate(perm) if i != a]
+        gathered = gr.fresh(node.output[0] + "_pre")
+        plan[pos] = ([
+            helper.make_node("Gather", [t.input[0], node.input[1]], [gathered], axis=src,
+                             name=gr.fresh(node.name or "gather")),
+            helper.make_node("Transpose", [gathered], list(node.output), perm=new_perm,
+                             name=gr.fresh(t.name or "transpose"))])
+    return _apply(gr.g, plan)
+
+
+def unit_axis_first_before_reshape(model: onnx.ModelProto) -> int:
+    """Reshape of x[d0, ..., 1 at axis k>0, ...] (d0 > 1) -> Reshape(Transpose(x) with axis k first).
+
+    A time-major CRNN tensor [T, 1, C] carries the batch axis second; pnnx cannot reshape across
+    it. Moving a unit axis does not move any data, so the Reshape's result is the same."""
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type != "Reshape":
+            continue
+        shape = gr.shapes.get(node.input[0])
+        if not shape or len(shape) < 2 or shape[0] == 1 or 1 not in shape[1:]:
+            continue
+        src = gr.producer.get(node.input[0])
+        if src is not None and src.op_type == "Transpose" and src.name.endswith("unitfirst"):
+            continue  # already rewritten
+        k = shape.index(1, 1)
+        perm = [k] + [i for i in range(len(shape)) if i != k]
+        moved = gr.fresh(node.input[0] + "_unitfirst")
+        plan[pos] = ([
+            helper.make_node("Transpose", [node.input[0]], [moved], perm=perm, name=gr.fresh("unitfirst")),
+            helper.make_node("Reshape", [moved, node.input[1]], list(node.output),
+                             name=node.name or gr.fresh("reshape"))])
+    return _apply(gr.g, plan)
+
+
+def strided_slice_to_conv(model: onnx.ModelProto) -> int:
+    """Slice with steps > 1 on H/W of a float NCHW tensor -> depthwise Conv with one-hot kernels.
+
+    YOLOX's Focus takes x[..., ::2, ::2] four ways; ncnn's Crop has no step. A kernel of size
+    step with a single 1 at (start_h, start_w), stride step, picks exactly the same pixels."""
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type != "Slice":
+            continue
+        shape = gr.shapes.get(node.input[0])
+        args = _slice_args(gr, node)
+        if args is None or shape is None or len(shape) != 4:
+            continue
+        starts, ends, axes, steps = args
+        if not any(s > 1 for s in steps) or not set(axes) <= {2, 3}:
+            continue
+        kernel, offset, ok = [1, 1], [0, 0], True
+        for st, en, ax, sp in zip(starts, ends, axes, steps):
+            dim = shape[ax]
+            want = len(range(st, min(en, dim), sp)) if 0 <= st < sp and sp > 0 else -1
+            if want != dim // sp or want <= 0:  # the Conv's output size must match the slice's
+                ok = False
+            kernel[ax - 2], offset[ax - 2] = sp, st
+        if not ok:
+            continue
+        c = shape[1]
+        w = np.zeros((c, 1, kernel[0], kernel[1]), np.float32)
+        w[:, 0, offset[0], offset[1]] = 1.0
+        plan[pos] = ([helper.make_node(
+            "Conv", [node.input[0], gr.add_const("onehot", w)], list(node.output), group=c,
+            kernel_shape=kernel, strides=kernel, pads=[0, 0, 0, 0], name=gr.fresh(node.name or "focus"))])
+    return _apply(gr.g, plan)
+
+
+def slice_of_split_reshape(model: onnx.ModelProto) -> int:
+    """Slice(Reshape(x -> [..., K, H, D]), axis of K, one step) -> Reshape(Slice(x on its last axis)).
+
+    A fused qkv projection is reshaped to 5-D [1, N, 3, heads, dim] and then cut on the "3" axis;
+    pnnx leaves both the 5-D reshape and the cut. When the cut axis and everything after it come
+    from x's last axis, the same values are a contiguous range of that axis."""
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type != "Slice":
+            continue
+        r = gr.producer.get(node.input[0])
+        args = _slice_args(gr, node)
+        if r is None or r.op_type != "Reshape" or args is None or len(args[2]) != 1 or args[3] != [1]:
+            continue
+        x_shape, s_shape = gr.shapes.get(r.input[0]), gr.shapes.get(r.output[0])
+        out_shape = gr.shapes.get(node.output[0])
+        if not x_shape or not s_shape or not out_shape:
+            continue
+        a = args[2][0]
+        inner = int(np.prod(s_shape[a + 1:]))
+        if int(np.prod(s_shape[a:])) != x_shape[-1]:
+            continue
+        start = max(0, min(args[0][0], s_shape[a]))
+        stop = start + out_shape[a]
+        cut = gr.fresh(node.output[0] + "_cut")
+        ins = [r.input[0], gr.add_const("starts", np.array([start * inner], np.int64)),
+               gr.add_const("ends", np.array([stop * inner], np.int64)),
+               gr.add_const("axes", np.array([len(x_shape) - 1], np.int64))]
+        plan[pos] = [helper.make_node("Slice", ins, [cut], name=gr.fresh(node.name or "slice")),
+                     helper.make_node("Reshape", [cut, gr.add_const("shape", np.array(out_shape, np.int64))],
+                                      list(node.output), name=gr.fresh(r.name or "reshape"))]
+    return _apply(gr.g, plan)
+
+
+def merge_reshape_chains(model: onnx.ModelProto) -> int:
+    """Reshape/Squeeze/Unsqueeze/Flatten of a Reshape's output -> one Reshape to the final shape.
+
+    Leaves no 5-D intermediate (ncnn has at most 4 axes) and no squeeze that pnnx may take for
+    a squeeze of its batch axis."""
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type not in ("Reshape", "Squeeze", "Unsqueeze", "Flatten"):
+            continue
+        r = gr.producer.get(node.input[0])
+        out_shape = gr.shapes.get(node.output[0])
+        if r is None or r.op_type != "Reshape" or out_shape is None or r.output[0] in gr.outputs:
+            continue
+        plan[pos] = [helper.make_node("Reshape", [r.input[0], gr.add_const("shape", np.array(out_shape, np.int64))],
+                                      list(node.output), name=gr.fresh(node.name or "reshape"))]
+    return _apply(gr.g, plan)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def remove_dead_nodes(model: onnx.ModelProto) -> int:
+    """Drop nodes and initializers nothing reads (the transposes a rewrite bypassed)."""
+    g = model.graph
+    needed = {o.name for o in g.output}
+    keep = []
+    for node in reversed(list(g.node)):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+    removed = len(g.node) - len(keep)
+    if removed:
+        del g.node[:]
+        g.node.extend(reversed(keep))
+    inits = [i for i in g.initializer if i.name in needed]
+    if len(inits) != len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(inits)
+    return removed
+
+
+REWRITES = (strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
+            slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape)
+
+
+def rewrite_for_ncnn(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """A rewritten copy of a static-shape model, and how often each rewrite fired."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    applied: Counter = Counter()
+    for _ in range(4):  # a rewrite can expose another (a Squeeze after a moved Slice); bounded
+        fired = 0
+        for fn in REWRITES:
+            n = fn(out)
+            if n:
+                applied[fn.__name__] += n
+                fired += n
+                remove_dead_nodes(out)
+        if not fired:
+            break
+    return out, dict(applied)
