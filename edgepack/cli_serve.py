@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,33 +68,79 @@ def run(model, inputs, input_dir, output, threads):
             raise SystemExit(proc.returncode)
         return
     m = sdk.load(model)
-    out = open(output, "w") if output else sys.stdout
-    try:
+    names = {s.name for s in m.inputs}
+    feeds = {}
+    for a in inputs:  # NAME=FILE only where NAME is an input: /data/a=b/x.npy stays a path
+        name, f = next(((a[:i], a[i + 1:]) for i, ch in enumerate(a) if ch == "=" and a[:i] in names), (None, a))
+        if name is None and len(m.inputs) != 1:
+            raise UsageError(f"--input {a}: the model has {len(m.inputs)} inputs, write NAME=FILE "
+                             f"(its inputs: {', '.join(sorted(names))})")
+        if not Path(f).is_file():
+            raise UsageError(f"{f}: no such file")
+        feeds[name or m.inputs[0].name] = f
+    if input_dir and not Path(input_dir).is_dir():
+        raise UsageError(f"--input-dir {input_dir}: no such folder")
+    if output:
+        _check_output(output, list(feeds.values()), input_dir)
+    failed = total = 0
+    with _Results(output) as out:
         if input_dir:
             for p in sorted(q for q in Path(input_dir).iterdir() if q.is_file() and not q.name.startswith(".")):
+                total += 1
                 try:
                     line = {"file": p.name, **_answer(m, m.predict(p))}
                 except Exception as exc:  # one bad file is an error line, not a stop
+                    failed += 1
                     line = {"file": p.name, "error": str(exc)}
                 out.write(json.dumps(line) + "\n")
-        elif len(inputs) == 1 and inputs[0].lower().endswith(".csv"):
-            rows = _csv_rows(Path(inputs[0]))
+        elif len(feeds) == 1 and next(iter(feeds.values())).lower().endswith(".csv"):
+            rows = _csv_rows(Path(next(iter(feeds.values()))))
             for r, row in enumerate(rows):
                 out.write(json.dumps({"row": r, **_answer(m, m.predict(row))}) + "\n")
+        elif len(m.inputs) == 1:
+            out.write(json.dumps(_answer(m, m.predict(feeds[m.inputs[0].name]))) + "\n")
         else:
-            feeds = {}
-            for a in inputs:
-                name, eq, f = a.partition("=")
-                if not eq:
-                    name, f = None, a
-                if not Path(f).is_file():
-                    raise UsageError(f"{f}: no such file")
-                feeds[name] = f
-            if list(feeds) == [None]:
-                res = m.predict(feeds[None])
-            else:
-                res = m.predict({k: np.load(v, allow_pickle=False) for k, v in feeds.items()})
+            res = m.predict({k: np.load(v, allow_pickle=False) for k, v in feeds.items()})
             out.write(json.dumps(_answer(m, res)) + "\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
+    if failed:
+        print(f"{total} files: {total - failed} ok, {failed} failed", file=sys.stderr)
+        raise sdk.InputError(f"{failed} of {total} files failed (their error lines are in {output or 'the output'})")
+
+
+def _check_output(output: Path, inputs: list, input_dir) -> None:
+    """Results never overwrite an input (also through links) nor land in the input folder."""
+    for f in inputs:
+        if output.exists() and Path(f).exists() and output.samefile(f):
+            raise UsageError(f"--output {output} is the input {f}: write the results to another file")
+    if input_dir and output.resolve().parent == Path(input_dir).resolve():
+        raise UsageError(f"--output {output} is inside --input-dir {input_dir}: write the results elsewhere")
+
+
+class _Results:
+    """stdout, or a temporary file next to OUTPUT renamed over it only when complete."""
+
+    def __init__(self, output):
+        self.output, self.tmp, self.f = output, None, sys.stdout
+
+    def __enter__(self):
+        if self.output:
+            import tempfile
+            fd, self.tmp = tempfile.mkstemp(prefix=".edgepack-", dir=Path(self.output).resolve().parent)
+            self.f = os.fdopen(fd, "w")
+        return self.f
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self.tmp:
+            return
+        self.f.close()
+        if exc_type is None:
+            os.chmod(self.tmp, 0o666 & ~_umask())
+            os.replace(self.tmp, self.output)
+        else:
+            os.unlink(self.tmp)
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m

@@ -74,15 +74,24 @@ class Model:
         return next(s for s in self.inputs if s.name == name)
 
     def _coerce(self, spec: TensorSpec, v) -> np.ndarray:
+        """The declared shape (a missing leading batch dim of 1 is added, nothing else is reshaped) and
+        dtype (integers become floats only as raw pixels of an input with image preprocessing)."""
         a = np.asarray(v)
         want = tuple(int(d) for d in spec.shape)
         pre = self.prepost.get("preprocess")
-        if pre and spec.name == pre["input"] and a.dtype == np.uint8 and a.ndim in (2, 3) and a.shape != want[1:]:
+        pixels = bool(pre) and spec.name == pre["input"]
+        if pixels and a.dtype == np.uint8 and a.ndim in (2, 3) and a.shape != want[1:]:
             from .prepost import image_to_input
             return image_to_input(a, pre)  # a decoded HxWxC image of any size
-        if a.size != int(np.prod(want)):
-            raise InputError(f"input {spec.name}: got shape {list(a.shape)}, the model takes {list(want)}")
-        return np.ascontiguousarray(a.reshape(want).astype(spec.dtype, copy=False))
+        if a.shape != want and not (want and want[0] == 1 and a.shape == want[1:]):
+            raise InputError(f"input {spec.name}: got shape {list(a.shape)}, the model takes {list(want)}",
+                             hint="only a missing leading batch dim of 1 is added; reorder or reshape the data")
+        target = np.dtype(spec.dtype)
+        same_kind = a.dtype.kind == target.kind or (a.dtype.kind in "iu" and target.kind in "iu")
+        if a.dtype != target and not same_kind and not (pixels and a.dtype == np.uint8 and target.kind == "f"):
+            raise InputError(f"input {spec.name}: got dtype {a.dtype}, the model takes {spec.dtype}",
+                             hint=f"convert it first (array.astype(np.{target.name}))")
+        return np.ascontiguousarray(a.reshape(want).astype(target, copy=False))
 
     def _top(self, result: dict) -> list[dict]:
         from .prepost import topk_answer
@@ -136,7 +145,11 @@ class OnnxModel(Model):
         if data.lstrip()[:1] in (b"[", b"{"):
             obj = json.loads(data)
             obj = obj.get("inputs", obj) if isinstance(obj, dict) else obj
-            return {k: np.asarray(v) for k, v in obj.items()} if isinstance(obj, dict) else np.asarray(obj)
+            # JSON numbers carry no dtype: they take the input's, as in the artifact's runtime
+            dt = {s.name: s.dtype for s in self.inputs}
+            if isinstance(obj, dict):
+                return {k: np.asarray(v, dtype=dt.get(k)) for k, v in obj.items()}
+            return np.asarray(obj, dtype=self.inputs[0].dtype if len(self.inputs) == 1 else None)
         if not self.prepost.get("preprocess"):
             raise InputError(f"{p}: not .npy or JSON, and the model has no image preprocessing")
         try:
@@ -180,12 +193,15 @@ class ArtifactModel(Model):
         except OSError as exc:
             raise ArtifactError(f"{self.path}: cannot run ({exc})") from None
         if check and proc.returncode != 0:
-            msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-            msg = msg[-1] if msg else f"exit {proc.returncode}"
-            if msg.startswith("error: "):
-                msg = msg[7:]
-            raise (InputError if proc.returncode == 3 else ArtifactError)(f"{self.path.name}: {msg}")
+            self._raise(proc)
         return proc
+
+    def _raise(self, proc: subprocess.CompletedProcess):
+        msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        msg = msg[-1] if msg else f"exit {proc.returncode}"
+        if msg.startswith("error: "):
+            msg = msg[7:]
+        raise (InputError if proc.returncode == 3 else ArtifactError)(f"{self.path.name}: {msg}")
 
     def predict(self, x) -> dict[str, np.ndarray]:
         with tempfile.TemporaryDirectory(prefix="edgepack-sdk-") as tmp:
@@ -214,8 +230,11 @@ class ArtifactModel(Model):
                     (tmp / "in" / f"{i:08d}{src.suffix.lower()}").write_bytes(src.read_bytes())
                 else:
                     np.save(tmp / "in" / f"{i:08d}.npy", self._as_dict(x)[self.inputs[0].name])
-            self._run(["run", "--threads", str(self.threads), "--input-dir", str(tmp / "in"),
-                       "--output", str(tmp / "out.jsonl")])
+            proc = self._run(["run", "--threads", str(self.threads), "--input-dir", str(tmp / "in"),
+                              "--output", str(tmp / "out.jsonl")], check=False)
+            # exit 3 with error lines: some items failed, reported per item below
+            if proc.returncode not in (0, 3) or not (tmp / "out.jsonl").is_file():
+                self._raise(proc)
             lines = [json.loads(ln) for ln in (tmp / "out.jsonl").read_text().splitlines() if ln.strip()]
         if len(lines) != len(xs):
             raise ArtifactError(f"{self.path.name}: {len(lines)} results for {len(xs)} inputs")
