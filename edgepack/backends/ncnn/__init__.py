@@ -9,7 +9,7 @@ from ...reference import TOLERANCES
 from ...resources import runtimes_dir
 from .convert import PNNX_VERSION, convert, pnnx_executable
 from .library import build_library
-from .ops import SUPPORTED
+from .ops import CONVERSION_DECIDES, SUPPORTED
 from .prune import pruned_layer_object
 
 
@@ -18,7 +18,7 @@ class NcnnBackend:
     thread_safe = True  # every shared step (conversion, libncnn, pruning) is guarded by cache file locks
 
     def unsupported_ops(self, model: LoadedModel) -> dict[str, list[str]]:
-        return {op: nodes for op, nodes in model.ops().items() if op not in SUPPORTED}
+        return {op: nodes for op, nodes in model.ops().items() if op not in SUPPORTED and op not in CONVERSION_DECIDES}
 
     def missing_tools(self) -> list[str]:
         missing = []
@@ -56,7 +56,8 @@ class NcnnBackend:
             tolerance=tol,
             manifest={"pnnx": PNNX_VERSION, "conversion_cache_key": converted.key, "layers": list(converted.layer_types),
                       "linked_layers": kept, "library": lib.manifest(), "fp16_arithmetic": fp16_math,
-                      "conversion_check_max_abs_err": converted.check_error},
+                      "conversion_check_max_abs_err": converted.check_error,
+                      "onnx_rewrites": list(converted.rewrites)},
             weight_bytes=converted.bin.stat().st_size,
         )
 

@@ -17,6 +17,7 @@ from ...cache import cache_root, key_of, locked, sha256_bytes
 from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
+from .rewrite import rewrite_for_ncnn
 
 PNNX_VERSION = "20261020"
 
@@ -47,6 +48,7 @@ class NcnnModel:
     layer_types: tuple[str, ...]
     check_error: float              # python-ncnn vs onnxruntime, max abs
     key: str
+    rewrites: tuple[str, ...] = ()  # ONNX rewrites (rewrite.py) applied before pnnx, "name x count"
 
 
 def parse_param_layers(text: str) -> list[tuple[str, str]]:
@@ -91,7 +93,7 @@ def _io_from_pyscript(py: str, n_in: int, n_out: int):
 def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     import ncnn  # the Python wheel: the converted model's independent check
     blob = model.proto.SerializeToString()
-    key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 1})
+    key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 2})
     root = cache_root() / "ncnn-models" / key
     with locked(cache_root() / "locks" / f"ncnn-model-{key}.lock"):
         meta_path = root / "convert.json"
@@ -102,38 +104,64 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
         if root.exists():
             shutil.rmtree(root)
         root.mkdir(parents=True)
-        (root / "model.onnx").write_bytes(blob)
-        shape = ",".join("[" + ",".join(str(d) for d in s.shape) + "]" for s in model.inputs)
-        dtypes = {"float32": "f32", "float16": "f16", "int32": "i32", "int64": "i64", "uint8": "u8", "int8": "i8"}
-        type_suffix = ",".join(f"[{','.join(str(d) for d in s.shape)}]{dtypes.get(s.dtype, 'f32')}"
-                               for s in model.inputs)
-        fp16 = "1" if precision == "fp16" else "0"
-        log(f"converting with pnnx (fp16 weights={fp16})")
-        proc.run([pnnx_executable(), "model.onnx", f"inputshape={type_suffix}", f"fp16={fp16}"],
-                 what=f"pnnx converting {model.path.name}", cwd=root, timeout=900, log=root / "pnnx.log")
-        param, binf = root / "model.ncnn.param", root / "model.ncnn.bin"
-        if not param.is_file() or not binf.is_file():
-            raise BuildError(f"pnnx wrote no ncnn model for {model.path.name} (log: {root / 'pnnx.log'})")
-        layers = parse_param_layers(param.read_text())
-        for ltype, lname in layers:
-            if ncnn.layer_to_index(ltype) < 0:
-                raise UnsupportedOpError(
-                    f"{model.path.name}: ncnn has no layer for {ltype} (layer {lname}; {_guess_onnx_op(ltype, model)})",
-                    hint="use --backend tvm, or rewrite that part of the model")
-        in_blobs, in_batch, out_blobs, out_batch = _io_from_pyscript(
-            (root / "model_ncnn.py").read_text(), len(model.inputs), len(model.outputs))
         for s in model.inputs:
             if s.dtype != "float32":
                 raise UnsupportedOpError(f"{model.path.name}: input {s.name} is {s.dtype}; ncnn artifacts take float32",
                                          hint="use --backend tvm for integer inputs")
+        fp16 = "1" if precision == "fp16" else "0"
+        log(f"converting with pnnx (fp16 weights={fp16})")
+        layers = _run_pnnx(model, model.proto, root, fp16)
+        rewrites: tuple[str, ...] = ()
+        if _leftovers(layers):
+            # pnnx left layers ncnn cannot load (batch-axis reshapes/slices, strided slices): retry
+            # once on an equivalent graph without them; the check below still compares against
+            # onnxruntime on the original model.
+            try:
+                rewritten, applied = rewrite_for_ncnn(model.proto)
+            except Exception as exc:  # a rewrite bug must cost only the retry, not the build
+                log(f"ONNX rewrites failed ({type(exc).__name__}: {exc}); keeping pnnx's first result")
+                applied = {}
+            if applied:
+                rewrites = tuple(f"{k} x{v}" for k, v in sorted(applied.items()))
+                log(f"pnnx left {', '.join(sorted({t for t, _ in _leftovers(layers)}))}; "
+                    f"retrying after ONNX rewrites: {', '.join(rewrites)}")
+                layers = _run_pnnx(model, rewritten, root, fp16)
+        for ltype, lname in _leftovers(layers):
+            raise UnsupportedOpError(
+                f"{model.path.name}: ncnn has no layer for {ltype} (layer {lname}; {_guess_onnx_op(ltype, model)})",
+                hint="use --backend tvm, or rewrite that part of the model")
+        param, binf = root / "model.ncnn.param", root / "model.ncnn.bin"
+        in_blobs, in_batch, out_blobs, out_batch = _io_from_pyscript(
+            (root / "model_ncnn.py").read_text(), len(model.inputs), len(model.outputs))
         err = _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision)
         meta = {"input_blobs": in_blobs, "output_blobs": out_blobs, "input_batch": in_batch,
                 "output_batch": out_batch, "layer_types": sorted({t for t, _ in layers}), "check_error": err,
-                "key": key}
+                "key": key, "rewrites": rewrites}
         for junk in root.glob("model.pnnx*"):
             junk.unlink()
         meta_path.write_text(json.dumps(meta, indent=1))
         return NcnnModel(param, binf, **{k: tuple(v) if isinstance(v, list) else v for k, v in meta.items()})
+
+
+def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[str, str]]:
+    """pnnx on proto (written to root/model.onnx); the (type, name) layers of its .param."""
+    (root / "model.onnx").write_bytes(proto.SerializeToString())
+    dtypes = {"float32": "f32", "float16": "f16", "int32": "i32", "int64": "i64", "uint8": "u8", "int8": "i8"}
+    type_suffix = ",".join(f"[{','.join(str(d) for d in s.shape)}]{dtypes.get(s.dtype, 'f32')}"
+                           for s in model.inputs)
+    param, binf = root / "model.ncnn.param", root / "model.ncnn.bin"
+    for old in (param, binf):
+        old.unlink(missing_ok=True)
+    proc.run([pnnx_executable(), "model.onnx", f"inputshape={type_suffix}", f"fp16={fp16}"],
+             what=f"pnnx converting {model.path.name}", cwd=root, timeout=900, log=root / "pnnx.log")
+    if not param.is_file() or not binf.is_file():
+        raise BuildError(f"pnnx wrote no ncnn model for {model.path.name} (log: {root / 'pnnx.log'})")
+    return parse_param_layers(param.read_text())
+
+
+def _leftovers(layers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    import ncnn
+    return [(t, n) for t, n in layers if ncnn.layer_to_index(t) < 0]
 
 
 def _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision) -> float:
