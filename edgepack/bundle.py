@@ -10,6 +10,7 @@ import numpy as np
 
 from .backends import EngineBuild
 from .elf import ElfInfo, check_executable
+from .errors import ModelError
 from .model import TensorSpec
 from .resources import runtimes_dir
 from .targets import Target
@@ -79,9 +80,17 @@ def _blob_asm(symbols: list[tuple[str, str]], bits: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+EP_MAX_DIMS, EP_MAX_IO = 8, 65536  # runtimes/common/ep_runtime.h
+
+
 def _io_array(name: str, specs: tuple[TensorSpec, ...]) -> str:
     rows = []
+    if len(specs) > EP_MAX_IO:
+        raise ModelError(f"the model has {len(specs)} {name}; artifacts take at most {EP_MAX_IO}")
     for s in specs:
+        if len(s.shape) > EP_MAX_DIMS:  # the runtime's ep_io_spec holds EP_MAX_DIMS dims
+            raise ModelError(f"{name[:-1]} {s.name[:80]!r} has {len(s.shape)} dimensions; "
+                             f"artifacts take at most {EP_MAX_DIMS}")
         dims = ", ".join(str(int(d)) for d in s.shape) or "0"
         rows.append(f"    {{{c_string(s.name)}, {_DTYPE_ENUM[s.dtype]}, {len(s.shape)}, {{{dims}}}}},")
     return f"static const ep_io_spec {name}[] = {{\n" + "\n".join(rows) + "\n};\n"
