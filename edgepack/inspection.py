@@ -43,13 +43,26 @@ def inspect_model(path: Path, shape_args: list[str]) -> dict:
     ops = [{"op": op, "count": len(nodes),
             "support": {name: op not in unsupported[name] for name in backends}}
            for op, nodes in sorted(model.ops().items())]
+    # the NCNN/TVM split `--backend auto` tries when NCNN cannot take every op (partition.py)
+    from .partition import PlanError, plan
+    split = None
+    preds = {b: (lambda bad: (lambda op: op not in bad))(set(unsupported[b])) for b in ("ncnn", "tvm") if b in backends}
+    if len(preds) == 2 and unsupported["ncnn"]:
+        try:
+            p = plan(model, preds)
+            split = p if p.is_split else None
+        except PlanError:
+            split = None
     verdicts = {}
     for name in TargetMatrix.load().names():
         target = TargetMatrix.load().get(name)
         usable = [b for b in target.backends if b in backends and not unsupported[b]]
-        verdicts[name] = (f"builds with {usable[0]}" if usable else
+        splits = split is not None and {"ncnn", "tvm"} <= set(target.backends) and "ncnn" not in usable[:1]
+        verdicts[name] = (f"builds partitioned: {split.describe()}" if splits else
+                          f"builds with {usable[0]}" if usable else
                           "no backend supports every op: " + ", ".join(
                               f"{b} lacks {', '.join(sorted(unsupported[b]))}" for b in target.backends if b in backends))
     return {"model": str(path), "inputs": [s.to_json() for s in model.inputs],
             "outputs": [s.to_json() for s in model.outputs], "backends": sorted(backends), "ops": ops,
-            "targets": verdicts, "notes": list(model.notes)}
+            "targets": verdicts, "notes": list(model.notes),
+            "plan": split.to_json() if split is not None else None}

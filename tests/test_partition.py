@@ -4,6 +4,7 @@ the segments in sequence with onnxruntime against the whole graph; and partition
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -162,3 +163,226 @@ def test_plan_reverse_tvm_lacks_the_op(tmp_path):
 def test_plan_refuses_an_op_no_backend_has(tmp_path):
     with pytest.raises(PlanError, match="TopK"):
         plan(simplify(load_model(conv_topk_conv(tmp_path / "m.onnx"))), {"ncnn": lambda op: op != "TopK"})
+
+
+# ---- the runtime's segment sequencer (ep_engine_seq.c), with two small engines, under ASan ------
+
+SEQ_HARNESS = r"""
+#include "ep_engine_table.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+/* engine "add": out0 = in0 + 1; out1 = in0 * in1 when it has two inputs (all float32) */
+typedef struct { const ep_model_spec *spec; int runs; } fake;
+static int f_open(const ep_model_spec *spec, int threads, void **out, ep_status *st) {
+    (void)threads; fake *f = calloc(1, sizeof *f); if (!f) return ep_fail(st, EP_ERR_NOMEM, "oom");
+    f->spec = spec; *out = f; return EP_OK; }
+static int f_run(void *h, const ep_tensor *in, ep_tensor *out, ep_status *st) {
+    fake *f = h; size_t n = in[0].nbytes / 4; const float *a = in[0].data;
+    if (out[0].nbytes != in[0].nbytes) return ep_fail(st, EP_ERR_MODEL, "size");
+    for (size_t i = 0; i < n; i++) ((float *)out[0].data)[i] = a[i] + 1.0f;
+    if (f->spec->n_inputs == 2)
+        for (size_t i = 0; i < n; i++) ((float *)out[0].data)[i] = a[i] * ((const float *)in[1].data)[i];
+    f->runs++; return EP_OK; }
+static void f_close(void *h) { free(h); }
+static const char *f_describe(void) { return "fake"; }
+static const ep_engine_ops fake_a = {"a", f_open, f_run, f_close, f_describe};
+static const ep_engine_ops fake_b = {"b", f_open, f_run, f_close, f_describe};
+#define IO(n) {n, EP_F32, 2, {2, 3}}
+static const ep_io_spec x[] = {IO("x")}, p[] = {IO("p")}, q[] = {IO("q")}, pq[] = {IO("p"), IO("q")}, y[] = {IO("y")};
+static const ep_io_spec outs[] = {IO("y"), IO("p"), IO("y2")};
+static const ep_blob nog[] = {{0, 0}, {0, 0}};
+#define SPEC(i, ni, o, no) {"m", "t", "fake", ni, i, no, o, 0, 0, 0, 0, {0, 0}, nog, nog, 0, 0}
+static const ep_model_spec s0 = SPEC(x, 1, p, 1), s1 = SPEC(p, 1, q, 1), s2 = SPEC(pq, 2, y, 1);
+const ep_model_spec ep_spec = SPEC(x, 1, outs, 3);
+/* x(0) -a-> p(1) -b-> q(2); a(p, q) -> y(3); outputs y, p, y again */
+static const int i0[] = {0}, o0[] = {1}, i1[] = {1}, o1[] = {2}, o2[] = {3};
+#ifdef DAMAGED
+static const int I2[] = {1, 3}; /* q read from y's slot, before anything wrote it */
+#else
+static const int I2[] = {1, 2};
+#endif
+static const ep_segment segs[] = {{&fake_a, &s0, i0, o0}, {&fake_b, &s1, i1, o1}, {&fake_a, &s2, I2, o2}};
+static const ep_io_spec slots[] = {IO("x"), IO("p"), IO("q"), IO("y")};
+static const int out_slots[] = {3, 1, 3};
+const ep_segment_table ep_segments = {4, slots, 3, segs, out_slots};
+int main(void) {
+    ep_status st = {0}; ep_engine *e = NULL;
+    int rc = ep_engine_open(&ep_spec, 1, &e, &st);
+    if (rc) { printf("open failed: %s\n", st.message); return rc; }
+    printf("describe: %s\n", ep_engine_describe());
+    ep_tensor in[1], out[3]; int64_t shape[2] = {2, 3};
+    ep_tensor_alloc(&in[0], EP_F32, 2, shape, &st);
+    for (int run = 0; run < 3; run++) {
+        for (int i = 0; i < 6; i++) ((float *)in[0].data)[i] = (float)(i + run);
+        if (ep_alloc_outputs(&ep_spec, out, &st)) return 9;
+        if ((rc = ep_engine_run(e, in, out, &st))) { printf("run failed: %s\n", st.message); return rc; }
+        for (int k = 0; k < 3; k++) {
+            printf("out%d:", k);
+            for (int i = 0; i < 6; i++) printf(" %g", ((float *)out[k].data)[i]);
+            printf("\n");
+            ep_tensor_free(&out[k]);
+        }
+    }
+    ep_tensor_free(&in[0]);
+    ep_engine_close(e);
+    return 0;
+}
+"""
+
+
+def _seq_harness(tmp_path: Path, *defines: str) -> subprocess.CompletedProcess:
+    import shutil
+    from edgepack.resources import runtimes_dir
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc, "a host C compiler is needed (apt-get install gcc)"
+    common = runtimes_dir() / "common"
+    src, exe = tmp_path / "seq_harness.c", tmp_path / "seq_harness"
+    src.write_text(SEQ_HARNESS)
+    subprocess.run([cc, "-std=c11", "-O1", "-g", "-Wall", "-Werror", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=all", *defines, f"-I{common}", str(src), str(common / "ep_engine_seq.c"),
+                    str(common / "ep_util.c"), "-lm", "-o", str(exe)], check=True)
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+
+
+def test_seq_engine_passes_tensors_by_slot(tmp_path):
+    proc = _seq_harness(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "describe: a -> b -> a"
+    for run in range(3):
+        x = np.arange(6, dtype=np.float32) + run
+        p, q = x + 1, x + 2
+        want = [p * q, p, p * q]
+        for k in range(3):
+            got = np.array([float(v) for v in lines[1 + run * 3 + k].split(":")[1].split()])
+            np.testing.assert_array_equal(got, want[k])
+    assert "AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+
+
+def test_seq_engine_refuses_a_damaged_table(tmp_path):
+    proc = _seq_harness(tmp_path, "-DDAMAGED")
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # EP_ERR_MODEL
+    assert "open failed: segment 2 (a): input q reads slot 3, which is unset or differs" in proc.stdout
+
+
+# ---- partitioned artifacts (real pnnx, TVM, zig, qemu) -----------------------------------------
+
+from conftest import run_edgepack  # noqa: E402
+from edgepack.runner import run_artifact  # noqa: E402
+
+ARM_CPUS = ("cortex-a53", "max")  # without and with fp16 arithmetic
+RUNTIME_BYTES_GOAL = 4_500_000    # issue 9: a partitioned arm64 artifact's runtime
+
+
+def lstm_between_cumsums(path: Path) -> Path:
+    """CumSum -> LSTM -> Linear -> CumSum, as torch exports it: TVM lacks LSTM, NCNN lacks CumSum,
+    so the plan is TVM, NCNN, TVM (two TVM segments in one artifact)."""
+    import warnings
+
+    import torch
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(4, 8, batch_first=True)
+            self.fc = torch.nn.Linear(8, 6)
+
+        def forward(self, x):
+            y, _ = self.lstm(torch.cumsum(x, dim=1))
+            return torch.cumsum(self.fc(y), dim=2)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net().eval(), (torch.randn(1, 5, 4),), str(path), opset_version=17, dynamo=False,
+                          input_names=["x"], output_names=["y"])
+    return path
+
+
+def _build(model: Path, dist: Path, *args: str) -> dict:
+    proc = run_edgepack("build", str(model), "--target", "x86_64,arm64", "--out", str(dist), "--json", *args)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"no JSON report (exit {proc.returncode}): {proc.stderr[-3000:]}")
+    assert proc.returncode == 0 and report["ok"], proc.stderr[-4000:]
+    return {r["target"]: r for r in report["results"]}
+
+
+def _check_run(art: Path, model: Path, tmp: Path, seed: int, cpus) -> float:
+    """The artifact's `run` on a fresh input against onnxruntime; the worst error."""
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.random.default_rng(seed).standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
+             .astype(np.float32) for i in sess.get_inputs()}
+    ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    args = ["run", "--threads", "1", "--output", str(tmp / "out")]
+    for name, v in feeds.items():
+        np.save(tmp / f"{name}.npy", v)
+        args += ["--input", f"{name}={tmp / f'{name}.npy'}"]
+    manifest = json.loads(art.with_name(art.name + ".json").read_text())
+    tol = manifest["tolerance"]
+    worst = 0.0
+    for cpu in cpus:
+        proc = run_artifact(art, args, qemu_cpu=cpu)
+        assert proc.returncode == 0, (cpu, proc.stderr)
+        outs = json.loads(proc.stdout)["outputs"]
+        for name, want in ref.items():
+            got = np.load(outs[name]["file"])
+            err = float(np.max(np.abs(got - want)))
+            bound = tol["atol"] + tol["rtol"] * float(np.max(np.abs(want)))
+            assert err <= bound, (cpu, name, err, bound)
+            worst = max(worst, err)
+    return worst
+
+
+@pytest.fixture(scope="module")
+def topk_split(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("split-topk")
+    model = conv_topk_conv(folder / "split_topk.onnx")
+    return model, folder / "dist", _build(model, folder / "dist")
+
+
+@pytest.mark.parametrize("target", ["x86_64", "arm64"])
+def test_partitioned_artifact_runs_ncnn_then_tvm_then_ncnn(topk_split, target, tmp_path):
+    model, dist, results = topk_split
+    res = results[target]
+    assert res["backend"] == "ncnn+tvm", res
+    art = dist / f"split_topk-{target}"
+    manifest = json.loads(art.with_name(art.name + ".json").read_text())
+    assert [s["backend"] for s in manifest["plan"]] == ["ncnn", "tvm", "ncnn"]
+    assert manifest["plan"][1]["ops"] == ["TopK"]
+    assert any("TopK" in r for r in manifest["backend_choice"]["skipped"])
+    info = run_artifact(art, ["info", "--json"], qemu_cpu="cortex-a53" if target == "arm64" else None)
+    assert info.returncode == 0 and json.loads(info.stdout)["backend"]["name"] == "ncnn+tvm"
+    _check_run(art, model, tmp_path, seed=42, cpus=ARM_CPUS if target == "arm64" else (None,))
+    st = run_artifact(art, ["selftest", "--runs", "1", "--warmup", "0"],
+                      qemu_cpu="cortex-a53" if target == "arm64" else None)
+    assert st.returncode == 0 and "PASS" in st.stdout, st.stdout + st.stderr
+    if target == "arm64":
+        runtime = res["size"] - res["weight_bytes"]
+        print(f"partitioned arm64 artifact: {res['size']} bytes, runtime {runtime} bytes")
+        assert runtime <= RUNTIME_BYTES_GOAL, runtime
+
+
+def test_partitioned_artifact_with_two_tvm_segments(tmp_path):
+    model = lstm_between_cumsums(tmp_path / "lstm_split.onnx")
+    results = _build(model, tmp_path / "dist")
+    for target in ("x86_64", "arm64"):
+        assert results[target]["backend"] == "ncnn+tvm", results[target]
+        art = tmp_path / "dist" / f"lstm_split-{target}"
+        manifest = json.loads(art.with_name(art.name + ".json").read_text())
+        assert [s["backend"] for s in manifest["plan"]] == ["tvm", "ncnn", "tvm"]
+        assert "LSTM" in manifest["plan"][1]["ops"]
+        _check_run(art, model, tmp_path, seed=5, cpus=("cortex-a53",) if target == "arm64" else (None,))
+
+
+def test_inspect_shows_the_plan(tmp_path):
+    model = conv_topk_conv(tmp_path / "m.onnx")
+    proc = run_edgepack("inspect", str(model), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [s["backend"] for s in report["plan"]] == ["ncnn", "tvm", "ncnn"]
+    assert report["targets"]["x86_64"].startswith("builds partitioned: ncnn[")
+    text = run_edgepack("inspect", str(model))
+    assert "plan segment 1: tvm <- TopK" in text.stdout
