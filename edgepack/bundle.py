@@ -131,7 +131,7 @@ def generate_sources(req: BundleRequest) -> tuple[Path, Path]:
             for i, s in enumerate(req.outputs)]
     mblobs = [add(f"ep_blob_model{i}", p, f"model{i}{p.suffix}") for i, p in enumerate(req.engine.model_blobs)]
     seg_blobs = [[add(f"ep_blob_s{k}_model{i}", p, f"s{k}_model{i}{p.suffix}") for i, p in enumerate(seg.model_blobs)]
-                 for k, seg in enumerate(req.segments)]
+                 for k, seg in enumerate(req.segments or req.engine.segments)]
 
     asm = wd / "blobs.S"
     asm.write_text(_blob_asm(symbols, 64 if req.target.triple.arch != "arm" else 32))
@@ -173,7 +173,8 @@ const ep_model_spec ep_spec = {{
 
 def _segment_table(req: BundleRequest, seg_blobs: list[list[str]], blob) -> str:
     """C for ep_segments: slots 0..n-1 are the model's inputs, then each segment's outputs."""
-    segments = req.segments or (BundleSegment(req.engine.backend, req.inputs, req.outputs, {}),)
+    given = req.segments or req.engine.segments
+    segments = given or (BundleSegment(req.engine.backend, req.inputs, req.outputs, {}),)
     slots: dict[str, int] = {}
     slot_specs: list[TensorSpec] = []
     for s in req.inputs + tuple(o for seg in segments for o in seg.outputs):
@@ -187,7 +188,7 @@ def _segment_table(req: BundleRequest, seg_blobs: list[list[str]], blob) -> str:
         ins = ", ".join(str(slots[s.name]) for s in seg.inputs) or "0"
         outs = ", ".join(str(slots[s.name]) for s in seg.outputs)
         out.append(f"static const int s{k}_in[] = {{{ins}}};\nstatic const int s{k}_out[] = {{{outs}}};\n")
-        if not req.segments:  # one segment: the model's own spec
+        if not given:  # one segment: the model's own spec
             rows.append(f"    {{&ep_engine_ops_{seg.backend}, &ep_spec, s{k}_in, s{k}_out}},")
             continue
         opts = sorted(seg.options.items())

@@ -14,16 +14,13 @@ segment's unprefixed kernels).
 """
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from .backends import CompileRequest, EngineBuild, get_backend
-from .bundle import BundleRequest, BundleSegment, bundle
-from .cache import sha256_file
+from .bundle import BundleSegment
 from .errors import EdgepackError
 from .partition import Plan, PlanError, backend_predicates, plan
 from .reference import TOLERANCES
@@ -37,12 +34,14 @@ def plan_for(model, target: Target) -> Plan | None:
     """The split plan for ``target``, or None when the graph does not split (one backend takes it
     all, or the target lacks one of the two backends)."""
     names = tuple(b for b in PARTITION_BACKENDS if b in target.backends)
-    preds = backend_predicates(model, names)
-    if len(preds) < 2:
-        return None
     try:
+        preds = backend_predicates(model, names)
+        if len(preds) < 2:
+            return None
         p = plan(model, preds, tuple(preds))
     except PlanError:
+        return None
+    except Exception:  # noqa: BLE001  a graph the planner mis-handles keeps the whole-graph path, never an internal error
         return None
     return p if p.is_split else None
 
@@ -118,9 +117,9 @@ def combine(p: Plan, builds: list[EngineBuild], target: Target, tc: Toolchain, l
     tol = max((b.tolerance for b in builds), key=lambda t: (t.atol, t.rtol))
     segs = [{**s.to_json(), "manifest": b.manifest, "options": dict(b.options)} for s, b in zip(p.segments, builds)]
     return EngineBuild(
-        backend="+".join(dict.fromkeys(p.backends)), sources=tuple(sources), include_dirs=tuple(includes),
+        backend=SPLIT, sources=tuple(sources), include_dirs=tuple(includes),
         link_inputs=tuple(link_inputs), link_flags=tuple(link_flags), model_blobs=(), options={},
-        tolerance=tol, manifest={"plan": p.describe(), "segments": segs}, notes=tuple(notes),
+        tolerance=tol, manifest={"summary": p.describe(), "plan": segs}, notes=tuple(notes),
         weight_bytes=sum(b.weight_bytes for b in builds))
 
 
@@ -132,55 +131,46 @@ def bundle_segments(p: Plan, model, builds: list[EngineBuild]) -> tuple[BundleSe
     return tuple(out)
 
 
-def try_partitioned(prep, target: Target, opts, tc: Toolchain, log: Callable[[str], None], reasons: list[str],
-                    t0: float):
-    """The pipeline's hook: a verified partitioned artifact (a TargetResult), or None when the
-    graph does not split or the partitioned build failed (the reason is appended to ``reasons``)."""
-    from . import pipeline
-    model = prep.model
-    p = plan_for(model, target)
-    if p is None:
-        return None
-    tag = f"[{target.name}]"
-    log(f"{tag} partitioned plan: {p.describe()}")
-    with tempfile.TemporaryDirectory(prefix=f"edgepack-{target.name}-split-") as tmp:
-        workdir = Path(tmp)
-        try:
-            t_stage = time.monotonic()
-            builds, engine = compile_segments(p, model, target, opts.precision, workdir / "compile", tc,
-                                              lambda m: log(f"{tag} {m}"))
-            log(f"{tag} {engine.backend}: {len(p.segments)} segments compiled in {time.monotonic() - t_stage:.1f} s")
-            manifest = pipeline.manifest_for(prep, target, engine, tc, opts)
-            manifest["plan"] = p.to_json()
-            manifest["build"] = dict(manifest["build"], backend="auto")
-            staged = workdir / "artifact"
-            built = bundle(BundleRequest(model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
-                                         prep.golden_outputs, manifest, workdir / "bundle", staged, tc,
-                                         segments=bundle_segments(p, model, builds)))
-            log(f"{tag} bundled {built.size / 1e6:.2f} MB")
-            verification = None
-            if opts.verify:
-                verification = pipeline.verify(staged, target, prep, engine.tolerance, workdir)
-                log(f"{tag} verified: max error {verification.max_abs_err:.2e} (bound {verification.bound:.2e})")
-        except EdgepackError as exc:
-            reasons.append(f"partitioned {p.describe()}: {exc.message}")
-            log(f"{tag} partitioned build failed: {exc.message}")
-            return None
-        out_path = Path(opts.out_dir) / f"{model.name}-{target.name}"
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(staged, out_path)
-    full = dict(manifest)
-    full["artifact"] = {"file": out_path.name, "size": built.size, "sha256": sha256_file(out_path),
-                        "weight_bytes": engine.weight_bytes, "runtime_bytes": built.size - engine.weight_bytes}
-    if verification:
-        full["verification"] = {"max_abs_err": verification.max_abs_err, "bound": verification.bound,
-                                "selftest": verification.selftest,
-                                "runner": "native" if not target.needs_qemu else f"qemu -cpu {target.qemu_cpu}"}
-    full["backend_choice"] = {"used": engine.backend, "skipped": list(reasons)}
-    out_path.with_name(out_path.name + ".json").write_text(json.dumps(full, indent=1, sort_keys=True))
-    notes = (tuple(model.notes) + (f"partitioned: {p.describe()}",) + tuple(engine.notes)
-             + tuple(f"skipped: {r}" for r in reasons))
-    return pipeline.TargetResult(target.name, True, engine.backend, out_path, built.size, engine.weight_bytes,
-                                 verification.max_abs_err if verification else None,
-                                 verification.bound if verification else None, time.monotonic() - t0, notes=notes)
+SPLIT = "ncnn+tvm"
 
+
+class SplitBackend:
+    """NCNN where it can, TVM for the rest, in one artifact: a backend to the pipeline (so the
+    precision ladder, verification on every CPU and the manifest are the same as for any build).
+    Not in the registry: `auto` offers it (``with_split``) when NCNN cannot take the whole graph."""
+    name = SPLIT
+    thread_safe = False
+
+    def precision_ladder(self, target: Target, requested: str) -> list[str]:
+        return get_backend("ncnn").precision_ladder(target, requested)
+
+    def unsupported_ops(self, model) -> dict[str, list[str]]:
+        ncnn, tvm = get_backend("ncnn").unsupported_ops(model), get_backend("tvm").unsupported_ops(model)
+        return {op: nodes for op, nodes in ncnn.items() if op in tvm}
+
+    def missing_tools(self) -> list[str]:
+        return get_backend("ncnn").missing_tools() + get_backend("tvm").missing_tools()
+
+    def compile(self, req: CompileRequest) -> EngineBuild:
+        p = plan_for(req.model, req.target)
+        if p is None:
+            raise PlanError(f"{req.model.path.name}: the graph does not split into NCNN and TVM segments")
+        req.log(f"partitioned plan: {p.describe()}")
+        builds, engine = compile_segments(p, req.model, req.target, req.precision, req.workdir, req.toolchain,
+                                          req.log)
+        ncnn_rungs = {b.manifest.get("precision") for b in builds if b.backend == "ncnn"} - {None}
+        manifest = dict(engine.manifest, precision=ncnn_rungs.pop() if len(ncnn_rungs) == 1 else req.precision)
+        return replace(engine, manifest=manifest, segments=bundle_segments(p, req.model, builds))
+
+
+SPLIT_BACKEND = SplitBackend()
+
+
+def with_split(candidates: list[tuple[str, str | None]], model, target: Target, requested: str):
+    """The pipeline's hook: in `auto`, when the first backend (NCNN) cannot take every op and the
+    graph splits, the NCNN+TVM artifact is tried right after it, before a whole-graph fallback."""
+    if requested != "auto" or not candidates or candidates[0][0] != "ncnn" or candidates[0][1] is None:
+        return candidates
+    if SPLIT_BACKEND.missing_tools() or plan_for(model, target) is None:
+        return candidates
+    return [candidates[0], (SPLIT, None)] + list(candidates[1:])

@@ -41,6 +41,7 @@ class EngineBuild:
     notes: tuple[str, ...] = ()
     weight_bytes: int = 0              # bytes of weights inside the artifact (for runtime-size reports)
     link_flags: tuple[str, ...] = ()   # e.g. ("-Wl,--whole-archive", ...) placed around link_inputs
+    segments: tuple = ()               # bundle.BundleSegment per segment of a partitioned build (partition_build)
 
 
 class Backend(Protocol):
@@ -68,6 +69,9 @@ def register(backend: Backend) -> Backend:
 
 def get_backend(name: str) -> Backend:
     _load_builtin()
+    if name == "ncnn+tvm":  # not registered: `auto` offers it when NCNN cannot take the whole graph
+        from ..partition_build import SPLIT_BACKEND
+        return SPLIT_BACKEND
     if name not in _REGISTRY:
         raise UsageError(f"unknown backend {name!r}", hint=f"available: {', '.join(sorted(_REGISTRY))}, auto")
     return _REGISTRY[name]
