@@ -207,6 +207,9 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
     model = prep.model
     reasons = []
     candidates = backend_candidates(model, target, opts.backend)
+    # issue 9 item 4: NCNN on what it can take + TVM for the rest, before a whole-graph fallback
+    from .partition_build import with_split
+    candidates = with_split(candidates, model, target, opts.backend)
     for name, why_not in candidates:
         if why_not:
             reasons.append(why_not)
