@@ -211,6 +211,8 @@ def inspect(model, input_shapes, as_json):
                                            for b in names)] for op in report["ops"]])
     for t, verdict in report["targets"].items():
         click.echo(f"{t}: {verdict}")
+    for k, seg in enumerate(report.get("plan") or []):  # the NCNN/TVM split, when there is one
+        click.echo(f"plan segment {k}: {seg['backend']} <- {', '.join(seg['ops'])} ({seg['nodes']} nodes)")
     for note in report["notes"]:
         click.echo(f"note: {note}")
 
