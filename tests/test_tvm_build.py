@@ -171,45 +171,40 @@ def test_import_failure_is_a_build_error(tmp_path):
         import_onnx(model)
 
 
-def test_tuning_round_trip(tiny_cnn, tmp_path):
-    """tune writes a database; the next build finds it by model+target and stays correct."""
-    from edgepack.backends.tvm.tuning import default_db_dir, is_database
-    from edgepack.model import fix_input_shapes, load_model, parse_shape_args, simplify
-    from edgepack.targets import TargetMatrix
-    shape = "image=2x3x64x64"  # batch 2: a model of its own, no other test meets this database
-    prepared = simplify(fix_input_shapes(load_model(tiny_cnn), parse_shape_args([shape])))
-    db = default_db_dir(prepared, TargetMatrix.load().get("x86_64"))
-    shutil.rmtree(db, ignore_errors=True)
-    try:
-        before, report0 = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--input-shape", shape,
-                                 "--no-verify", "--out", str(tmp_path / "dist0"))
-        assert before.returncode == 0 and report0["ok"], before.stderr[-3000:]
-        assert "no tuning database" in before.stderr and "untuned" in before.stderr
-        manifest0 = json.loads((tmp_path / "dist0" / "tiny_cnn-x86_64.json").read_text())
-        assert manifest0["backend"]["tuned"] is False
-        proc = run_edgepack("tune", str(tiny_cnn), "--target", "x86_64", "--trials", "2", "--input-shape", shape,
-                            "--json")
+def test_tuning_accumulates_and_is_applied(tiny_cnn, tmp_path):
+    """tune extends one database per target: a second tune reuses what the first tuned, a time
+    budget ends the search, a build applies the records (and stays correct); an Arm target is
+    labelled proxy-tuned."""
+    from edgepack.backends.tvm.tuning import is_database
+    shape = "image=2x3x64x64"
+    db = tmp_path / "db"
+
+    def tune(*args, out=db):
+        proc = run_edgepack("tune", str(tiny_cnn), "--input-shape", shape, "--out-db", str(out), "--json", *args)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        summary = json.loads(proc.stdout)
-        assert summary["records"] >= 1 and summary["database"] == str(db) and is_database(db)
-        meta = json.loads((db / "meta.json").read_text())
-        assert meta["trials"] == 2 and meta["proxy"] is False
-        build, report = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--input-shape", shape,
-                               "--out", str(tmp_path / "dist"))
-        assert build.returncode == 0 and report["ok"], build.stderr[-3000:]
-        assert "tuning database" in build.stderr and db.name in build.stderr
-        manifest = json.loads((tmp_path / "dist" / "tiny_cnn-x86_64.json").read_text())
-        assert manifest["backend"]["tuned"] is True and manifest["backend"]["tuning_db"] == db.name
-        assert manifest["verification"]["max_abs_err"] <= 1e-5
-        # The same database shared explicitly (--tuning-db), e.g. copied to another machine.
-        shared = tmp_path / "shared-db"
-        shutil.copytree(db, shared)
-        build2, report2 = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--input-shape", shape,
-                                 "--tuning-db", str(shared), "--out", str(tmp_path / "dist2"), "--no-verify")
-        assert build2.returncode == 0 and report2["ok"], build2.stderr[-3000:]
-        assert str(shared) in build2.stderr
-    finally:
-        shutil.rmtree(db, ignore_errors=True)
+        return json.loads(proc.stdout)
+
+    first = tune("--target", "x86_64", "--trials", "2")
+    assert first["records"] >= 1 and first["tasks_reused"] == 0 and first["tasks_tuned"] >= 1
+    assert first["label"] == "tuned" and first["proxy"] is False and is_database(db)
+    assert first["ms_untuned"] > 0 and first["ms_tuned"] > 0
+    # no trial cap: only the 15 s budget stops this one (256 trials per task otherwise)
+    second = tune("--target", "x86_64", "--budget", "15s", "--no-measure")
+    assert second["tasks_reused"] >= first["tasks_tuned"] and second["records"] >= first["records"]
+    assert second["seconds"] < 15 + 400, second
+    meta = json.loads((db / "meta.json").read_text())
+    assert [m["tuned_before"] for m in meta["models"]] == [0, second["tasks_reused"]]
+    build, report = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--input-shape", shape,
+                           "--tuning-db", str(db), "--out", str(tmp_path / "dist"))
+    assert build.returncode == 0 and report["ok"], build.stderr[-3000:]
+    assert str(db) in build.stderr
+    manifest = json.loads((tmp_path / "dist" / "tiny_cnn-x86_64.json").read_text())
+    assert manifest["backend"]["tuned"] is True and manifest["backend"]["proxy_tuned"] is False
+    done, total = manifest["backend"]["tuned_kernels"]
+    assert 1 <= done <= total
+    assert manifest["verification"]["max_abs_err"] <= 1e-5
+    arm = tune("--target", "arm64", "--trials", "2", "--no-measure", out=tmp_path / "arm-db")
+    assert arm["proxy"] is True and arm["label"].startswith("proxy-tuned")
 
 
 def test_missing_tuning_db_is_a_clear_error(tiny_cnn, tmp_path):

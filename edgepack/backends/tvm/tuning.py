@@ -188,7 +188,7 @@ def _has_record(database, task) -> bool:
     return bool(database.has_workload(mod) and database.get_top_k(database.commit_workload(mod), 1))
 
 
-def _deadline_callback(deadline: float, counter: list):
+def _deadline_callback(deadline: float, counter: list, log):
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
     from tvm.ir.utils import derived_object
 
@@ -198,6 +198,9 @@ def _deadline_callback(deadline: float, counter: list):
             counter[0] += len(measure_candidates)
             if time.monotonic() < deadline:
                 return
+            if counter[1] == 0:
+                log(f"time budget spent after {counter[0]} candidates: finishing the batches in flight")
+            counter[1] += 1
             for i, rec in enumerate(task_scheduler.tasks_):
                 if not rec.is_terminated:
                     task_scheduler.terminate_task(i)
@@ -218,6 +221,8 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
         log(f"{target.name} is {target.arch}; candidates are measured here on {host_arch()} as a proxy "
             "(schedules stay valid on the device, their speed there is unmeasured)")
     mod = fuse(import_onnx(model), tvm_target)
+    if measure:
+        log("timing the model untuned (one compile)")
     ms_before = _measure_ms(model, mod, tvm_target, None) if measure else None
     _light_tensor_intrinsics()
     with locked(cache_root() / "locks" / f"tvm-tune-{key_of(str(dest.resolve()))}.lock"):
@@ -234,7 +239,7 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
         tuned_before = len(extracted) - len(todo)
         log(f"{len(extracted)} tuning tasks; {tuned_before} already in the database (reused), {len(todo)} to tune"
             + (f" within {budget_s:.0f} s" if budget_s else ""))
-        counter = [0]
+        counter = [0, 0]
         if todo:
             contexts, weights = extracted_tasks_to_tune_contexts(
                 todo, work_dir=str(work), seed=0,
@@ -247,7 +252,7 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
                                                                                       min_repeat_ms=0))
             callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
             deadline = t_start + budget_s if budget_s else float("inf")
-            callbacks.append(_deadline_callback(deadline, counter))
+            callbacks.append(_deadline_callback(deadline, counter, log))
             cap = trials if trials is not None else MAX_TRIALS_PER_TASK * len(todo)
             try:
                 with tvm.transform.PassContext(opt_level=3):
@@ -262,6 +267,9 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
         records = len(database.get_all_tuning_records())
         if records == 0:
             raise BuildError("tuning produced no valid schedule", hint=f"raise --budget; logs in {work / 'logs'}")
+        log(f"{tuned_now} of {len(extracted)} tasks have a schedule; {records} records in the database")
+        if measure:
+            log("timing the model with the database (one compile)")
         ms_after = _measure_ms(model, mod, tvm_target, work) if measure else None
         seconds = time.monotonic() - t_start
         meta = _read_meta(dest)
