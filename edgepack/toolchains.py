@@ -35,6 +35,11 @@ _ARM_FEATURE_NAMES = {"fp16": "fullfp16", "simd": "neon", "crypto": "crypto", "d
 
 
 def rewrite_march(arg: str) -> str:
+    # x86: zig names the psABI levels x86_64_v3 etc.; it rejects -march=x86-64-v3 (but knows
+    # -march=haswell, -mavx512f, ... as clang does)
+    x86 = re.fullmatch(r"-march=x86-64(?:-(v[234]))?", arg)
+    if x86:
+        return "-mcpu=x86_64" + (f"_{x86.group(1)}" if x86.group(1) else "")
     m = re.fullmatch(r"-march=armv(\d)\.(\d)-a((?:\+[a-z0-9]+)*)", arg)
     if not m:
         m8 = re.fullmatch(r"-march=armv8-a((?:\+[a-z0-9]+)*)", arg)
@@ -162,8 +167,11 @@ class Toolchain:
         folder.mkdir(parents=True, exist_ok=True)
         zig = self.zig()[0]
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(self.env().items()))
+        flags = set(march_flags)
+        if target.arch == "x86_64":
+            flags |= {"-march=x86-64", "-march=x86-64-v2", "-march=x86-64-v3", "-march=x86-64-v4"}
         cases = "".join(f"    {shlex.quote(f)}) a={shlex.quote(rewrite_march(f))} ;;\n"
-                        for f in sorted(set(march_flags)) if rewrite_march(f) != f)
+                        for f in sorted(flags) if rewrite_march(f) != f)
         out = {}
         for tool in ("cc", "c++", "ar", "ranlib"):
             takes_target = tool in ("cc", "c++")

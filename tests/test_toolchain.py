@@ -9,6 +9,25 @@ def test_rewrite_march_for_zig():
     assert rewrite_march("-march=armv8-a") == "-mcpu=generic"
     assert rewrite_march("-O3") == "-O3"
     assert rewrite_march("-mavx2") == "-mavx2"
+    assert rewrite_march("-march=x86-64-v3") == "-mcpu=x86_64_v3"
+    assert rewrite_march("-march=x86-64") == "-mcpu=x86_64"
+    assert rewrite_march("-march=haswell") == "-march=haswell"  # zig knows clang's CPU names
+
+
+def test_x86_wrappers_compile_avx512_and_level_spellings(tmp_path):
+    """ncnn's AVX-512 probe flags reach zig's clang; psABI level spellings are translated."""
+    import subprocess
+    tc, t = Toolchain.load(), TargetMatrix.load().get("x86_64")
+    w = tc.write_wrappers(tmp_path, t, "x86_64")
+    src = tmp_path / "f.c"
+    src.write_text("#include <immintrin.h>\n__m512i f(__m512i a, __m512i b) { return _mm512_madd_epi16(a, b); }\n"
+                   "#ifndef __AVX2__\nint no_avx2[-1];\n#endif\n")
+    avx512 = ["-mfma", "-mf16c", "-mavx512f", "-mavx512cd", "-mavx512bw", "-mavx512dq", "-mavx512vl"]
+    subprocess.run([str(w["cc"]), *avx512, "-c", str(src), "-o", str(tmp_path / "a.o")], check=True)
+    subprocess.run([str(w["cc"]), "-march=x86-64-v4", "-c", str(src), "-o", str(tmp_path / "b.o")], check=True)
+    # without the flags the same file must not compile (the probe is real)
+    bad = subprocess.run([str(w["cc"]), "-c", str(src), "-o", str(tmp_path / "c.o")], capture_output=True)
+    assert bad.returncode != 0
 
 
 def test_flags_per_target():
