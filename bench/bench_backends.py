@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", default="0", help="`edgepack tune --budget` per model (0: skip tuning)")
     ap.add_argument("--models", default="mobilenet,transformer")
+    ap.add_argument("--engines", default="ncnn,tvm", help="which backends to build (onnxruntime always runs)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "backends.json")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
@@ -80,11 +81,14 @@ def main() -> None:
                 ("ncnn", "x86_64", "ncnn", ()),
                 ("tvm untuned", "x86_64", "tvm", ("--tuning-db", "off")),
                 ("tvm untuned, baseline kernels only", "x86_64-base", "tvm", ("--tuning-db", "off"))):
+            if backend not in args.engines.split(","):
+                continue
             path, secs, res = build(model, work / label.replace(" ", "_").replace(",", ""), target, backend, tdir, *extra)
             engines[label] = (path, None)
             builds[label] = {"build_seconds": round(secs, 1), "size": res["size"], "runtime_bytes": res["runtime_bytes"]}
-        engines["tvm untuned, forced to x86-64"] = (engines["tvm untuned"][0], {"EDGEPACK_TVM_ISA": "x86-64"})
-        if args.budget not in ("0", ""):
+        if "tvm untuned" in engines:
+            engines["tvm untuned, forced to x86-64"] = (engines["tvm untuned"][0], {"EDGEPACK_TVM_ISA": "x86-64"})
+        if args.budget not in ("0", "") and "tvm" in args.engines.split(","):
             db = work / f"db-{name}"
             t0 = time.monotonic()
             tuned = json.loads(edgepack("tune", str(model), "--target", "x86_64", "--budget", args.budget,
