@@ -65,7 +65,9 @@ def _compile_tvm_prefixed(model, target: Target, workdir: Path, prefix: str, log
         except Exception as exc:
             raise EdgepackError(f"TVM could not compile segment {model.name}: {tc_mod._first_line(exc)}") from exc
         ex = tc_mod._build(mod, tgt, db, prefix)
-        out = tc_mod._export(ex, workdir, "", {"lib0.o": "lib0.o", "devc.o": "devc.o"})
+        # the bytecode + weights object carries the prefix in its name too
+        out = tc_mod._export(ex, workdir, "", {"lib0.o": "lib0.o", f"{prefix}devc.o": "devc.o"})
+        out["devc.o"] = out.pop(f"{prefix}devc.o")
     return EngineBuild(
         backend="tvm", sources=(), include_dirs=(), link_inputs=(out["lib0.o"], out["devc.o"]), model_blobs=(),
         options={"tvm.entry": "main", "tvm.prefix": prefix}, tolerance=TOLERANCES["fp32"],
