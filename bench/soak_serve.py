@@ -9,8 +9,8 @@ valid requests (PNG, JPEG, PPM, .npy, JSON) and invalid ones (16-bit and header-
 PNG/JPEG, garbage, oversized JSON, malformed heads), on fresh and on kept-alive connections, while a
 prober times GET /health. Reports crashes (the server gone), wrong answers (a valid request whose
 top-k or outputs differ from its reference; an invalid one answered 2xx or 5xx), connection errors,
-p50/p99 of valid requests, /health latency and the server's RSS at the start and the end, as one
-JSON object. Exit 0 only with no crash and no wrong answer. Every loop is bounded in time.
+p50/p99 of valid requests, /health latency and the server's RSS (start, every 5 s, end), as one JSON
+object. Exit 0 only with no crash and no wrong answer. Every loop is bounded in time.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def valid_bodies(manifest: dict) -> list[tuple[str, bytes, str]]:
             out.append((f"{fmt.lower()}{i}", b.getvalue(), ctype))
         out.append((f"ppm{i}", f"P6\n{ww} {hh}\n255\n".encode() + img.tobytes(), "image/x-portable-pixmap"))
     spec = manifest["inputs"][0]
-    x = rng.standard_normal(spec["shape"]).astype(np.float32)
+    x = (rng.standard_normal(spec["shape"]) * 50 + 100).astype(spec["dtype"])
     b = io.BytesIO()
     np.save(b, x)
     out.append(("npy", b.getvalue(), "application/x-npy"))
@@ -87,6 +87,7 @@ class Stats:
         self.lock = threading.Lock()
         self.lat: list[float] = []
         self.health: list[float] = []
+        self.rss: list[int] = []
         self.counts = {"valid": 0, "invalid": 0, "raw": 0, "slow": 0}
         self.wrong: list = []
         self.conn_errors: list = []
@@ -169,8 +170,14 @@ def slow_client(port, stats: Stats, stop_at: float, seed: int):
             time.sleep(0.2)
 
 
-def prober(port, stats: Stats, stop_at: float):
+def prober(port, stats: Stats, stop_at: float, pid: int):
+    """GET /health every 0.25 s on a fresh connection; the server's RSS every 5 s."""
+    next_rss = 0.0
     while time.monotonic() < stop_at:
+        if time.monotonic() >= next_rss:
+            with stats.lock:
+                stats.rss.append(rss_kb(pid))
+            next_rss = time.monotonic() + 5
         t0 = time.perf_counter()
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -227,7 +234,7 @@ def main(argv=None) -> int:
         ts = [threading.Thread(target=client, args=(port, valid, invalid, refs, stats, stop_at, k))
               for k in range(a.clients - a.slow)]
         ts += [threading.Thread(target=slow_client, args=(port, stats, stop_at, 1000 + k)) for k in range(a.slow)]
-        ts.append(threading.Thread(target=prober, args=(port, stats, stop_at)))
+        ts.append(threading.Thread(target=prober, args=(port, stats, stop_at, srv.pid)))
         t0 = time.monotonic()
         for t in ts:
             t.start()
@@ -245,7 +252,8 @@ def main(argv=None) -> int:
             "valid_ms": {"p50": pct(stats.lat, 0.5), "p99": pct(stats.lat, 0.99), "max": pct(stats.lat, 1.0)},
             "health_ms": {"n": len(stats.health), "p50": pct(stats.health, 0.5), "p99": pct(stats.health, 0.99),
                           "max": pct(stats.health, 1.0)},
-            "rss_kb": {"start": rss_start, "end": rss_end},
+            "rss_kb": {"start": rss_start, "end": rss_end, "max": max(stats.rss + [rss_end]),
+                       "every_5s": stats.rss},
         }
         print(json.dumps(result))
         return 0 if alive and not stats.wrong else 1
