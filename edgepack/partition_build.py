@@ -170,7 +170,13 @@ SPLIT_BACKEND = SplitBackend()
 
 def with_split(candidates: list[tuple[str, str | None]], model, target: Target, requested: str):
     """The pipeline's hook: in `auto`, when the first backend (NCNN) cannot take every op and the
-    graph splits, the NCNN+TVM artifact is tried right after it, before a whole-graph fallback."""
+    graph splits, the NCNN+TVM artifact is tried right after it, before a whole-graph fallback.
+    ``requested`` "ncnn+tvm" (verify-build rebuilding a partitioned artifact) tries only the split."""
+    if requested == SPLIT:
+        missing = SPLIT_BACKEND.missing_tools()
+        why = (f"backend {SPLIT} is not installed ({'; '.join(missing)})" if missing else
+               None if plan_for(model, target) is not None else f"{model.path.name} does not split into NCNN and TVM")
+        return [(SPLIT, why)]
     if requested != "auto" or not candidates or candidates[0][0] != "ncnn" or candidates[0][1] is None:
         return candidates
     if SPLIT_BACKEND.missing_tools() or plan_for(model, target) is None:
