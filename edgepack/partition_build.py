@@ -10,7 +10,7 @@ segment's layers (two pruned registries would define the same symbols); one TVM 
 first TVM segment is compiled as usual (ISA copies, tuning database); any later TVM segment gets
 its own system-lib prefix ``edgepack_seg<k>_`` (its kernels and bytecode register under it, so two
 segments' kernels never meet) and no ISA copies (a prefixed ISA copy would fall back to the first
-segment's unprefixed kernels).
+segment's unprefixed kernels). A segment with TopK takes the unprefixed place (see compile_segments).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from .targets import Target
 from .toolchains import Toolchain
 
 PARTITION_BACKENDS = ("ncnn", "tvm")  # preference order: NCNN is the fast one
+PREFIX_UNSAFE_OPS = frozenset({"TopK"})
 
 
 def plan_for(model, target: Target) -> Plan | None:
@@ -80,16 +81,18 @@ def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Pa
                      log: Callable[[str], None]) -> tuple[list[EngineBuild], EngineBuild]:
     """(per-segment builds, the combined build the bundle links)."""
     builds: list[EngineBuild] = []
-    tvm_seen = 0
+    tvm_segs = [k for k, s in enumerate(p.segments) if s.backend == "tvm"]
+    # TVM 0.27 fails to compile TopK's sort call under a system-lib prefix (AttachGlobalSymbol):
+    # such a segment takes the one unprefixed place
+    plain = next((k for k in tvm_segs if set(p.segments[k].ops) & PREFIX_UNSAFE_OPS), tvm_segs[0] if tvm_segs else -1)
     for k, seg in enumerate(p.segments):
         sub = seg.loaded(model, k)
         wd = workdir / f"seg{k}-{seg.backend}"
         seg_log = (lambda k: (lambda m: log(f"segment {k}: {m}")))(k)
-        if seg.backend == "tvm" and tvm_seen:
+        if seg.backend == "tvm" and k != plain:
             builds.append(_compile_tvm_prefixed(sub, target, wd, f"edgepack_seg{k}_", seg_log))
         else:
             builds.append(get_backend(seg.backend).compile(CompileRequest(sub, target, precision, wd, tc, seg_log)))
-        tvm_seen += seg.backend == "tvm"
     return builds, combine(p, builds, target, tc, log)
 
 
