@@ -124,7 +124,7 @@ def combine(p: Plan, builds: list[EngineBuild], target: Target, tc: Toolchain, l
     return EngineBuild(
         backend=SPLIT, sources=tuple(sources), include_dirs=tuple(includes),
         link_inputs=tuple(link_inputs), link_flags=tuple(link_flags), model_blobs=(), options={},
-        tolerance=tol, manifest={"summary": p.describe(), "plan": segs}, notes=tuple(notes),
+        tolerance=tol, manifest={"summary": p.describe(), "segments": segs}, notes=tuple(notes),
         weight_bytes=sum(b.weight_bytes for b in builds))
 
 

@@ -351,8 +351,8 @@ def test_partitioned_artifact_runs_ncnn_then_tvm_then_ncnn(topk_split, target, t
     art = dist / f"split_topk-{target}"
     manifest = json.loads(art.with_name(art.name + ".json").read_text())
     assert manifest["backend"]["name"] == "ncnn+tvm"
-    assert [s["backend"] for s in manifest["backend"]["plan"]] == ["ncnn", "tvm", "ncnn"]
-    assert manifest["backend"]["plan"][1]["ops"] == ["TopK"]
+    assert [s["backend"] for s in manifest["backend"]["segments"]] == ["ncnn", "tvm", "ncnn"]
+    assert manifest["backend"]["segments"][1]["ops"] == ["TopK"]
     assert any("TopK" in r for r in manifest["backend_choice"]["skipped"])
     info = run_artifact(art, ["info", "--json"], qemu_cpu="cortex-a53" if target == "arm64" else None)
     assert info.returncode == 0 and json.loads(info.stdout)["backend"]["name"] == "ncnn+tvm"
@@ -373,8 +373,8 @@ def test_partitioned_artifact_with_two_tvm_segments(tmp_path):
         assert results[target]["backend"] == "ncnn+tvm", results[target]
         art = tmp_path / "dist" / f"lstm_split-{target}"
         manifest = json.loads(art.with_name(art.name + ".json").read_text())
-        assert [s["backend"] for s in manifest["backend"]["plan"]] == ["tvm", "ncnn", "tvm"]
-        assert "LSTM" in manifest["backend"]["plan"][1]["ops"]
+        assert [s["backend"] for s in manifest["backend"]["segments"]] == ["tvm", "ncnn", "tvm"]
+        assert "LSTM" in manifest["backend"]["segments"][1]["ops"]
         _check_run(art, model, tmp_path, seed=5, cpus=("cortex-a53",) if target == "arm64" else (None,))
 
 
