@@ -193,10 +193,13 @@ def test_prune_removes_only_edgepack_releases(inv, dev, arts, tmp_path):
         (rel / name).mkdir()
         (rel / name / "data.bin").write_bytes(b"\0" * 10)
     (rel / "link-out").symlink_to(outside)
+    legacy = rel / "fedcba9876543210"  # made by an edgepack from before the marker: release.json says so
+    legacy.mkdir()
+    (legacy / "release.json").write_text('{"artifact": "old", "sha256": "fedcba9876543210%s"}\n' % ("0" * 48))
     for v in (2, 3):
         deploy(inv, arts[v], dest)
     left = {p.name for p in rel.iterdir()}
-    assert left == set(foreign) | {short(arts[2]), short(arts[3])}, left  # v1 pruned, nothing else
+    assert left == set(foreign) | {short(arts[2]), short(arts[3])}, left  # v1 and legacy pruned, nothing else
     assert (rel / "backup" / "data.bin").exists() and (outside / "keep.txt").read_text() == "not edgepack's"
     assert (rel / "notes.txt").read_text() == "mine"
 

@@ -27,6 +27,12 @@ from .connector import Connector, Progress
 
 RELEASES = "releases"
 MARKER = ".edgepack-release"
+# A shell function: is folder $1 a release edgepack made? A real folder (not a symlink) with the marker,
+# or, for releases made before the marker existed, named <sha16> with a release.json recording that sha.
+OURS_SH = (f'ours() {{ [ -d "$1" ] && [ ! -L "$1" ] || return 1; '
+           f'[ -f "$1/{MARKER}" ] && [ ! -L "$1/{MARKER}" ] && return 0; n="${{1##*/}}"; '
+           'case "$n" in *[!0-9a-f]*) return 1;; esac; [ "${#n}" -eq 16 ] && [ ! -L "$1/release.json" ] && '
+           'grep -q "\\"sha256\\": \\"$n" "$1/release.json" 2>/dev/null; }\n')
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,7 @@ def release_sha(conn: Connector, dest: str, rel: str, name: str, timeout: float 
     """sha256 of DEST/<rel>/<name> when <rel> is a real, marked release folder; else None."""
     q = shlex.quote
     r = f"{dest}/{rel}"
-    res = conn.run(f"r={q(r)}; [ -d \"$r\" ] && [ ! -L \"$r\" ] && [ -f \"$r/{MARKER}\" ] && "
+    res = conn.run(f"{OURS_SH}r={q(r)}; ours \"$r\" && "
                    f"h=$(sha256sum < {q(r + '/' + name)}) && echo \"@sha ${{h%% *}}\"", timeout)
     for line in res.stdout.splitlines():
         if line.startswith("@sha ") and len(line) == 5 + 64:
@@ -126,7 +132,7 @@ def read_release(conn: Connector, dest: str, rel: str, timeout: float = 60) -> d
     artifact now (``sha_now``); None when the folder is missing, a symlink or not edgepack's."""
     q = shlex.quote
     r = f"{dest}/{rel}"
-    res = conn.run(f"r={q(r)}; [ -d \"$r\" ] && [ ! -L \"$r\" ] && [ -f \"$r/{MARKER}\" ] || exit 0\n"
+    res = conn.run(f"{OURS_SH}r={q(r)}; ours \"$r\" || exit 0\n"
                    f"echo \"@json $(head -c 65536 \"$r/release.json\" | tr -d '\\n')\"", timeout)
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith("@json ")), None)
     if line is None:
@@ -144,20 +150,19 @@ def read_release(conn: Connector, dest: str, rel: str, timeout: float = 60) -> d
 def prune(conn: Connector, dest: str, keep: Links, present: tuple[str, ...] | None = None,
           timeout: float = 120) -> None:
     """Remove edgepack's releases other than current and previous, and leftover .incoming folders.
-    Only real folders carrying the marker are removed (an empty .incoming folder is rmdir'ed): anything
+    Only real folders edgepack made (OURS_SH) are removed (an empty .incoming folder is rmdir'ed): anything
     else a user keeps in DEST/releases stays. Called with the device's lock held."""
     names = [link.split("/", 1)[1] for link in (keep.current, keep.previous) if link and "/" in link]
     if present is not None and not set(present) - set(names):
         return  # nothing to remove: save the round trip
     pattern = "|".join(shlex.quote(n) for n in names) or "''"
-    res = conn.run(f"R={shlex.quote(dest + '/' + RELEASES)}\n"
+    res = conn.run(f"{OURS_SH}R={shlex.quote(dest + '/' + RELEASES)}\n"
                    f"[ -L \"$R\" ] && {{ echo '@symlink'; exit 0; }}\n"
                    f"cd -- \"$R\" 2>/dev/null || exit 0\n"
                    f"for r in * .incoming-*; do\n"
                    f"  case \"$r\" in {pattern}) continue;; esac\n"
-                   f"  [ -d \"$r\" ] && [ ! -L \"$r\" ] || continue\n"
-                   f"  if [ -f \"$r/{MARKER}\" ] && [ ! -L \"$r/{MARKER}\" ]; then rm -rf -- \"$r\"\n"
-                   f"  else case \"$r\" in .incoming-*) rmdir -- \"$r\" 2>/dev/null;; esac; fi\n"
+                   f"  if ours \"$r\"; then rm -rf -- \"$r\"\n"
+                   f"  elif [ -d \"$r\" ] && [ ! -L \"$r\" ]; then case \"$r\" in .incoming-*) rmdir -- \"$r\" 2>/dev/null;; esac; fi\n"
                    f"done\ntrue", timeout)
     if "@symlink" in res.stdout:
         raise releases_symlink_error(dest, "?")
