@@ -162,7 +162,9 @@ def prune(conn: Connector, dest: str, keep: Links, present: tuple[str, ...] | No
                    f"for r in * .incoming-*; do\n"
                    f"  case \"$r\" in {pattern}) continue;; esac\n"
                    f"  if ours \"$r\"; then rm -rf -- \"$r\"\n"
-                   f"  elif [ -d \"$r\" ] && [ ! -L \"$r\" ]; then case \"$r\" in .incoming-*) rmdir -- \"$r\" 2>/dev/null;; esac; fi\n"
+                   f"  elif [ -d \"$r\" ] && [ ! -L \"$r\" ]; then\n"
+                   f"    case \"$r\" in .incoming-*) rmdir -- \"$r\" 2>/dev/null;; esac\n"
+                   f"  fi\n"
                    f"done\ntrue", timeout)
     if "@symlink" in res.stdout:
         raise releases_symlink_error(dest, "?")
