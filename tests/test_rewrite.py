@@ -115,6 +115,23 @@ def time_major_head_model(t=6, c=8, hidden=5, classes=4) -> onnx.ModelProto:
     return _model(nodes, [("x", [1, 3, 1, t])], [("y", [t, 1, classes])], inits)
 
 
+def crnn_lstm_model(t=7, c=6, hidden=4) -> onnx.ModelProto:
+    """ddddocr's CRNN tail as onnxsim leaves it: a bidirectional LSTM whose Y_h/Y_c are unused and
+    whose output is merged by Reshape [-1, 2H] (torch's export says [0, 0, -1])."""
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y", "yh", "yc"], direction="bidirectional",
+                              hidden_size=hidden),
+             helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["yt", "shape"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "wo"], ["out"])]
+    inits = [("W", rng.standard_normal((2, 4 * hidden, c)).astype(np.float32)),
+             ("R", rng.standard_normal((2, 4 * hidden, hidden)).astype(np.float32)),
+             ("B", rng.standard_normal((2, 8 * hidden)).astype(np.float32)),
+             ("shape", np.array([-1, 2 * hidden], np.int64)),
+             ("wo", rng.standard_normal((2 * hidden, 3)).astype(np.float32))]
+    return _model(nodes, [("x", [t, 1, c])], [("out", [t, 3])], inits)
+
+
 # ---- one rewrite at a time ----------------------------------------------------------------------
 
 def test_strided_slice_to_conv_is_exact_and_removes_every_strided_slice():
@@ -176,6 +193,14 @@ def test_unit_axis_first_before_reshape_is_exact():
     assert helper.get_attribute_value(producers[first.input[0]].attribute[0]) == [1, 0, 2]
 
 
+def test_lstm_outputs_as_pnnx_expects_is_exact():
+    new, fired = _same_after(rw.lstm_outputs_as_pnnx_expects, crnn_lstm_model())
+    lstm = next(n for n in new.graph.node if n.op_type == "LSTM")
+    assert fired == 2 and list(lstm.output) == ["y"]  # unused Y_h/Y_c dropped
+    shapes = [rw._Graph(new).const_ints(n.input[1]) for n in new.graph.node if n.op_type == "Reshape"]
+    assert shapes[0] == [0, 0, -1]
+
+
 def test_rewrites_fire_on_nothing_in_a_plain_cnn():
     m = _model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])],
                [("x", [1, 3, 8, 8])], [("y", [1, 4, 6, 6])],
@@ -207,10 +232,13 @@ def _pnnx_leftovers(m: onnx.ModelProto, tmp_path) -> list[str]:
     subprocess.run([str(pnnx_executable()), "model.onnx", f"inputshape={shape}"], cwd=tmp_path,
                    capture_output=True, timeout=300, check=True)
     layers = parse_param_layers((tmp_path / "model.ncnn.param").read_text())
-    return sorted(t for t, _ in layers if ncnn.layer_to_index(t) < 0)
+    bad = sorted(t for t, _ in layers if ncnn.layer_to_index(t) < 0)
+    if ncnn.Net().load_param(str(tmp_path / "model.ncnn.param")) != 0:
+        bad.append("(ncnn cannot load the .param)")  # a known layer type written without its params
+    return bad
 
 
-@pytest.mark.parametrize("make", [qkv_model, focus_model, time_major_head_model])
+@pytest.mark.parametrize("make", [qkv_model, focus_model, time_major_head_model, crnn_lstm_model])
 def test_pnnx_leaves_layers_ncnn_lacks_without_the_rewrites_and_none_with_them(make, tmp_path):
     m = make()
     assert _pnnx_leftovers(m, tmp_path / "before"), "pnnx now converts this pattern: the rewrite may be unneeded"

@@ -112,10 +112,10 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
         log(f"converting with pnnx (fp16 weights={fp16})")
         layers = _run_pnnx(model, model.proto, root, fp16)
         rewrites: tuple[str, ...] = ()
-        if _leftovers(layers):
-            # pnnx left layers ncnn cannot load (batch-axis reshapes/slices, strided slices): retry
-            # once on an equivalent graph without them; the check below still compares against
-            # onnxruntime on the original model.
+        if _leftovers(layers) or not _loads(root / "model.ncnn.param"):
+            # pnnx left layers ncnn cannot load (batch-axis reshapes/slices, strided slices, an LSTM
+            # not in torch's export form): retry once on an equivalent graph without them; the check
+            # below still compares against onnxruntime on the original model.
             try:
                 rewritten, applied = rewrite_for_ncnn(model.proto)
             except Exception as exc:  # a rewrite bug must cost only the retry, not the build
@@ -123,8 +123,8 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
                 applied = {}
             if applied:
                 rewrites = tuple(f"{k} x{v}" for k, v in sorted(applied.items()))
-                log(f"pnnx left {', '.join(sorted({t for t, _ in _leftovers(layers)}))}; "
-                    f"retrying after ONNX rewrites: {', '.join(rewrites)}")
+                left = sorted({t for t, _ in _leftovers(layers)}) or ["a layer ncnn cannot load"]
+                log(f"pnnx left {', '.join(left)}; retrying after ONNX rewrites: {', '.join(rewrites)}")
                 layers = _run_pnnx(model, rewritten, root, fp16)
         for ltype, lname in _leftovers(layers):
             raise UnsupportedOpError(
@@ -157,6 +157,12 @@ def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[st
     if not param.is_file() or not binf.is_file():
         raise BuildError(f"pnnx wrote no ncnn model for {model.path.name} (log: {root / 'pnnx.log'})")
     return parse_param_layers(param.read_text())
+
+
+def _loads(param: Path) -> bool:
+    """Whether ncnn accepts the .param (pnnx can write a known layer type without its parameters)."""
+    import ncnn
+    return ncnn.Net().load_param(str(param)) == 0
 
 
 def _leftovers(layers: list[tuple[str, str]]) -> list[tuple[str, str]]:

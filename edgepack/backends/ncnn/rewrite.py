@@ -195,9 +195,8 @@ def unit_axis_first_before_reshape(model: onnx.ModelProto) -> int:
         shape = gr.shapes.get(node.input[0])
         if not shape or len(shape) < 2 or shape[0] == 1 or 1 not in shape[1:]:
             continue
-        src = gr.producer.get(node.input[0])
-        if src is not None and src.op_type == "Transpose" and src.name.endswith("unitfirst"):
-            continue  # already rewritten
+        if _feeds_lstm(gr, node.output[0]) or _from_lstm(gr, node.input[0]):
+            continue  # pnnx matches LSTM with its own reshapes around it
         k = shape.index(1, 1)
         perm = [k] + [i for i in range(len(shape)) if i != k]
         moved = gr.fresh(node.input[0] + "_unitfirst")
@@ -289,9 +288,68 @@ def merge_reshape_chains(model: onnx.ModelProto) -> int:
         out_shape = gr.shapes.get(node.output[0])
         if r is None or r.op_type != "Reshape" or out_shape is None or r.output[0] in gr.outputs:
             continue
+        if _from_lstm(gr, r.input[0]):
+            continue  # keep the [0, 0, -1] merge pnnx needs after an LSTM
         plan[pos] = [helper.make_node("Reshape", [r.input[0], gr.add_const("shape", np.array(out_shape, np.int64))],
                                       list(node.output), name=gr.fresh(node.name or "reshape"))]
     return _apply(gr.g, plan)
+
+
+def lstm_outputs_as_pnnx_expects(model: onnx.ModelProto) -> int:
+    """LSTM -> Transpose(0,2,1,3) -> Reshape(any static shape) -> LSTM -> ... Reshape([0,0,-1]) -> Reshape.
+
+    pnnx turns an ONNX LSTM into ncnn's LSTM only in the form torch exports: unused Y_h/Y_c
+    dropped, and a bidirectional output merged by exactly Reshape [0, 0, -1] (a forward one by
+    Squeeze axis 1). onnxsim folds that shape to numbers ([-1, 1024] in ddddocr's CRNN), so pnnx
+    keeps a raw LSTM that ncnn cannot load. Same values, pnnx's spelling."""
+    gr, plan = _Graph(model), {}
+    used = {i for n in gr.g.node for i in n.input} | gr.outputs
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type != "LSTM":
+            continue
+        outs = [o if (k == 0 or o in used) else "" for k, o in enumerate(node.output)]
+        while len(outs) > 1 and outs[-1] == "":
+            outs.pop()
+        if outs != list(node.output):
+            del node.output[:]
+            node.output.extend(outs)
+            plan[pos] = [node]
+        y = node.output[0]
+        t = gr.consumers.get(y, [])
+        if len(t) != 1:
+            continue
+        t = t[0]
+        bidi = _attr(node, "direction", b"forward") in (b"bidirectional", "bidirectional")
+        if bidi and t.op_type == "Transpose" and list(_attr(t, "perm") or []) == [0, 2, 1, 3]:
+            r = gr.consumers.get(t.output[0], [])
+            if len(r) != 1 or r[0].op_type != "Reshape" or gr.const_ints(r[0].input[1]) == [0, 0, -1]:
+                continue
+            r = r[0]
+            rpos = next(k for k, n in enumerate(gr.g.node) if n.output == r.output)
+            merged = gr.fresh(r.output[0] + "_lstm")
+            plan[rpos] = [helper.make_node("Reshape", [t.output[0], gr.add_const("shape", np.array([0, 0, -1], np.int64))],
+                                           [merged], name=gr.fresh("lstm_merge")),
+                          helper.make_node("Reshape", [merged, r.input[1]], list(r.output), name=r.name)]
+        elif not bidi and t.op_type == "Reshape":
+            y_shape = gr.shapes.get(y)
+            if not y_shape or len(y_shape) != 4 or y_shape[1] != 1:
+                continue
+            tpos = next(k for k, n in enumerate(gr.g.node) if n.output == t.output)
+            squeezed = gr.fresh(t.output[0] + "_lstm")
+            sq = (helper.make_node("Squeeze", [y, gr.add_const("axes", np.array([1], np.int64))], [squeezed],
+                                   name=gr.fresh("lstm_squeeze")) if _opset(model) >= 13 else
+                  helper.make_node("Squeeze", [y], [squeezed], axes=[1], name=gr.fresh("lstm_squeeze")))
+            plan[tpos] = [sq, helper.make_node("Reshape", [squeezed, t.input[1]], list(t.output), name=t.name)]
+    return _apply(gr.g, plan)
+
+
+def _feeds_lstm(gr: "_Graph", name: str) -> bool:
+    return any(n.op_type == "LSTM" for n in gr.consumers.get(name, []))
+
+
+def _from_lstm(gr: "_Graph", name: str) -> bool:
+    p = gr.producer.get(name)
+    return p is not None and p.op_type == "Transpose" and (gr.producer.get(p.input[0]) or p).op_type == "LSTM"
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -318,7 +376,7 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
     return removed
 
 
-REWRITES = (strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
+REWRITES = (lstm_outputs_as_pnnx_expects, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
             slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape)
 
 
