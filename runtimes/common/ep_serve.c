@@ -211,6 +211,52 @@ static int body_too_big(const server *s, ep_kind kind, const unsigned char *b, s
     return 0;
 }
 
+/* CSV rows -> one run per row (or one run for all rows when the input takes them all), as a JSON
+ * array like ep_predict_csv's, but parsing and formatting outside the engine lock. */
+static int predict_csv(server *s, const char *text, size_t len, FILE *f, ep_status *st) {
+    const ep_model_spec *spec = &ep_spec;
+    if (spec->n_inputs != 1) return ep_fail(st, EP_ERR_INPUT, "CSV input needs a model with one input");
+    double *vals;
+    int rows, cols;
+    int rc = ep_csv_parse(text, len, &vals, &rows, &cols, st);
+    if (rc) return rc;
+    const ep_io_spec *in = &spec->inputs[0];
+    int64_t per = ep_shape_count(in->shape, in->ndim);
+    int step = per == cols ? 1 : per == (int64_t)cols * rows ? rows : 0; /* rows per run */
+    if (!step) {
+        free(vals);
+        char b[128];
+        ep_shape_str(in->shape, in->ndim, b, sizeof b);
+        return ep_fail(st, EP_ERR_INPUT, "CSV rows have %d values; input %s takes %s (%lld values per row)", cols,
+                       in->name, b, (long long)per);
+    }
+    ep_tensor *x = ep_tensor_array(1), *y = ep_tensor_array(spec->n_outputs);
+    rc = x && y ? EP_OK : ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    fputc('[', f);
+    for (int r = 0; r < rows && !rc; r += step) {
+        rc = ep_tensor_alloc(&x[0], in->dtype, in->ndim, in->shape, st);
+        for (int64_t j = 0; j < per && !rc; j++) ep_tensor_set(&x[0], (size_t)j, vals[(size_t)r * cols + (size_t)j]);
+        if (!rc) rc = ep_alloc_outputs(spec, y, st);
+        if (!rc) {
+            pthread_mutex_lock(&s->engine_lock);
+            rc = ep_engine_run(s->engine, x, y, st);
+            pthread_mutex_unlock(&s->engine_lock);
+        }
+        if (!rc) {
+            fprintf(f, "%s{\"row\": %d, ", r ? ", " : "", r);
+            ep_write_answer(f, spec, &s->pp, y);
+            fputc('}', f);
+        }
+        ep_free_tensors(x, 1);
+        ep_free_tensors(y, spec->n_outputs);
+    }
+    fputc(']', f);
+    if (x) ep_tensor_array_free(x, 1);
+    if (y) ep_tensor_array_free(y, spec->n_outputs);
+    free(vals);
+    return rc;
+}
+
 static void handle_predict(server *s, conn *c) {
     const ep_model_spec *spec = &ep_spec;
     const unsigned char *body = c->body;
@@ -242,18 +288,14 @@ static void handle_predict(server *s, conn *c) {
     char *out = NULL;
     size_t olen = 0;
     FILE *f = open_memstream(&out, &olen);
-    ep_tensor *inputs = calloc((size_t)spec->n_inputs + 1, sizeof *inputs);
-    ep_tensor *outputs = calloc((size_t)spec->n_outputs + 1, sizeof *outputs);
+    ep_tensor *inputs = ep_tensor_array(spec->n_inputs), *outputs = ep_tensor_array(spec->n_outputs);
     int rc;
     if (!f || !inputs || !outputs) {
         rc = ep_fail(&st, EP_ERR_NOMEM, "out of memory");
     } else if (kind == EP_KIND_CSV) {
-        /* one run per row inside ep_predict_csv: the engine is held for the whole body (rows are bounded) */
         double t0 = ep_now_ms();
         fputs("{\"rows\": ", f);
-        pthread_mutex_lock(&s->engine_lock);
-        rc = ep_predict_csv(spec, &s->pp, s->engine, (const char *)body, len, f, 0, &st);
-        pthread_mutex_unlock(&s->engine_lock);
+        rc = predict_csv(s, (const char *)body, len, f, &st);
         fprintf(f, ", \"latency_ms\": %.3f}\n", ep_now_ms() - t0);
     } else {
         rc = ep_inputs_from_bytes(spec, &s->pp, body, len, kind, inputs, &st); /* parse/decode: no lock */
@@ -274,8 +316,8 @@ static void handle_predict(server *s, conn *c) {
             ep_free_tensors(outputs, spec->n_outputs);
         }
     }
-    free(inputs);
-    free(outputs);
+    if (inputs) ep_tensor_array_free(inputs, spec->n_inputs);
+    if (outputs) ep_tensor_array_free(outputs, spec->n_outputs);
     if (f) fclose(f);
     if (rc) set_error(s, c, rc == EP_ERR_INPUT || rc == EP_ERR_USAGE ? 422 : 500, st.message);
     else set_answer(c, 200, "application/json", out, olen);
