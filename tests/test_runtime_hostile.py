@@ -199,8 +199,7 @@ def test_wrong_shape_or_dtype_is_refused_not_reshaped(arts, tmp_path):
         proc = run(arts["cnn"], "run", "--input", str(tmp_path / name))
         assert proc.returncode == 3 and proc.stdout == ""
         shape = ",".join(map(str, arr.shape))
-        assert one_error_line(proc) == (f"error: {tmp_path / name}: input image: shape [{shape}], "
-                                        "the model needs [1,3,64,64]")
+        assert one_error_line(proc) == f"error: input image: shape [{shape}], the model needs [1,3,64,64]"
     np.save(tmp_path / "u8.npy", (nchw * 40 + 128).clip(0, 255).astype(np.uint8))
     proc = run(arts["cnn"], "run", "--input", str(tmp_path / "u8.npy"))
     assert proc.returncode == 3 and "input image: dtype uint8, the model needs float32" in one_error_line(proc)
@@ -261,6 +260,8 @@ def test_input_path_with_equals_sign(arts, tmp_path):
     assert proc.returncode == 0, proc.stderr
     proc = run(arts["cnn"], "run", "--input", f"image={d / 'x.npy'}")
     assert proc.returncode == 0, proc.stderr
+    proc = run(arts["cnn"], "run", "--input", f"imgae={d / 'x.npy'}")  # a mistyped name before a real file
+    assert proc.returncode == 2 and "no such input imgae (the model's inputs: image)" in one_error_line(proc)
     proc = run(arts["wide"], "run", "--input", str(d / "x.npy"))
     assert proc.returncode == 2 and "the model has 70 inputs, write NAME=FILE" in one_error_line(proc)
 

@@ -11,6 +11,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define EP_MAX_INPUT_BYTES ((size_t)1 << 31)
 #define EP_EXIT_FAIL 1
@@ -148,9 +149,11 @@ static int input_named(const char *name, size_t len) {
 }
 
 /* [NAME=]FILE: NAME= only where NAME is one of the model's inputs, so a path holding '='
- * (/data/a=b/x.npy) is a path for a one-input model. */
+ * (/data/a=b/x.npy) is a path for a one-input model; a mistyped NAME before an existing FILE is
+ * still reported as the unknown input it is. */
 static int assign_input(const char *arg, input_arg *out, ep_status *st) {
-    for (const char *eq = strchr(arg, '='); eq; eq = strchr(eq + 1, '=')) {
+    const char *first = strchr(arg, '=');
+    for (const char *eq = first; eq; eq = strchr(eq + 1, '=')) {
         int i = input_named(arg, (size_t)(eq - arg));
         if (i >= 0) {
             out->index = i;
@@ -158,7 +161,7 @@ static int assign_input(const char *arg, input_arg *out, ep_status *st) {
             return EP_OK;
         }
     }
-    if (ep_spec.n_inputs == 1) {
+    if (ep_spec.n_inputs == 1 && (!first || access(arg, F_OK) == 0 || access(first + 1, F_OK) != 0)) {
         out->index = 0;
         out->path = arg;
         return EP_OK;
@@ -168,6 +171,9 @@ static int assign_input(const char *arg, input_arg *out, ep_status *st) {
         strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
         strncat(names, ep_spec.inputs[i].name, sizeof names - strlen(names) - 1);
     }
+    if (first)
+        return ep_fail(st, EP_ERR_USAGE, "--input %s: no such input %.*s (the model's inputs: %s)", arg,
+                       (int)(first - arg), arg, names);
     return ep_fail(st, EP_ERR_USAGE, "--input %s: the model has %d inputs, write NAME=FILE (its inputs: %s)", arg,
                    ep_spec.n_inputs, names);
 }
@@ -247,20 +253,23 @@ static int read_inputs(const cli_opts *o, const input_arg *args, const ep_prepos
         size_t len;
         rc = ep_read_file(path, EP_MAX_INPUT_BYTES, &buf, &len, st);
         if (rc) break;
-        if (ep_spec.n_inputs == 1) { /* .npy, JSON or (baked preprocessing) an image; checked inside */
-            rc = ep_inputs_from_bytes(&ep_spec, pp, buf, len, EP_KIND_AUTO, inputs, st);
-        } else {
+        ep_kind kind = ep_sniff(buf, len);
+        int checked = 0; /* a shape/dtype error names the input already; a parse error names the file */
+        if (kind == EP_KIND_NPY || ep_spec.n_inputs != 1) {
             rc = ep_npy_parse(buf, len, &inputs[idx], st);
+            checked = !rc;
             if (!rc) rc = ep_coerce_input(&ep_spec.inputs[idx], &inputs[idx],
                                           pp->has_image && pp->image_input == idx, st);
+        } else { /* JSON or (baked preprocessing) an image, for the one input */
+            rc = ep_inputs_from_bytes(&ep_spec, pp, buf, len, kind, inputs, st);
         }
         free(buf);
-        if (rc) {
+        if (rc && !checked) {
             char msg[sizeof st->message];
             snprintf(msg, sizeof msg, "%s", st->message);
             ep_fail(st, EP_ERR_INPUT, "%s: %s", path, msg);
-            break;
         }
+        if (rc) break;
         have[idx] = 1;
     }
     for (int i = 0; !rc && i < ep_spec.n_inputs; i++)
