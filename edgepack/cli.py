@@ -78,13 +78,19 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
     def log(msg):
         err_console.print(f"[dim]{escape(msg)}[/dim]")
 
+    debug = bool(getattr(click.get_current_context().find_root().obj, "debug", False))
+
     def on_result(res):
         if res.ok:
-            err = f"{res.max_abs_err:.2e}" if res.max_abs_err is not None else "not verified"
+            err = (f"{res.max_abs_err:.2e} = {res.rel_err:.2%} of scale" if res.rel_err is not None
+                   else f"{res.max_abs_err:.2e}" if res.max_abs_err is not None else "not verified")
             err_console.print(f"[green]✓[/green] {escape(res.target)}: {escape(str(res.path))} "
-                              f"({res.size / 1e6:.2f} MB, {res.backend}, max error {err})")
+                              f"({res.size / 1e6:.2f} MB, {res.backend} {res.precision or ''}, max error {err})")
         else:
             err_console.print(f"[red]✗[/red] {escape(res.target)}: {escape(res.error or '')}")
+            if debug and res.exit_code == 70:  # the internal error's traceback, as its hint asks for
+                for note in res.notes:
+                    err_console.print(escape(note), soft_wrap=True)
 
     results = run_build(model, targets, opts, log=log, on_result=on_result)
     if as_json:
@@ -94,12 +100,15 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
                                "ok": all(r.ok for r in results)}, indent=1))
     else:
         table = Table(title=f"edgepack build {model}")
-        for col in ("target", "backend", "file", "size", "max error", "verdict"):
+        for col in ("target", "backend", "precision", "file", "size", "max error", "of scale", "verified on",
+                    "verdict"):
             table.add_column(col)
         for r in results:
             err = f"{r.max_abs_err:.2e} ≤ {r.bound:.1e}" if r.max_abs_err is not None else "-"
-            table.add_row(r.target, r.backend or "-", str(r.path) if r.path else "-",
+            rejected = f" ({len(r.rejected)} rejected)" if r.rejected and r.ok else ""
+            table.add_row(r.target, r.backend or "-", (r.precision or "-") + rejected, str(r.path) if r.path else "-",
                           f"{r.size / 1e6:.2f} MB" if r.size else "-", err,
+                          f"{r.rel_err:.3%}" if r.rel_err is not None else "-", ", ".join(r.per_cpu) or "-",
                           "[green]PASS[/green]" if r.ok else "[red]FAIL[/red]")
         out_console.print(table)
         for r in results:
@@ -269,6 +278,14 @@ def main(argv=None):
         raise
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:  # a bug: one line and exit 70; --debug shows the traceback
+        if debug:
+            raise
+        err_console.print(f"[red]error:[/red] internal error: {escape(type(exc).__name__)}: {escape(str(exc)[:300])}",
+                          soft_wrap=True)
+        err_console.print("[yellow]hint:[/yellow] please report this with the output of the same command "
+                          "with --debug", soft_wrap=True)
+        sys.exit(70)
     sys.exit(0)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .errors import ModelError, UsageError
+from .errors import ModelError, UnsupportedOpError, UsageError
 
 _ONNX_TO_NP = {
     onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64",
@@ -82,11 +82,22 @@ def _value_specs(values, initializer_names: set[str]) -> tuple[TensorSpec, ...]:
     return tuple(specs)
 
 
+# protobuf cannot parse or write a message above 2 GiB; bigger models keep weights as external data
+_PROTOBUF_LIMIT = (2 << 30) - 1
+# domains whose ops onnxruntime (the reference) implements
+_KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training", "ai.onnx.preview"}
+
+
 def load_model(path: Path) -> LoadedModel:
     """Read and check an ONNX file (external data next to it is loaded too)."""
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size > _PROTOBUF_LIMIT:
+        raise ModelError(f"{path}: {size / 2**30:.1f} GiB in one file; an ONNX file holds at most 2 GiB",
+                         hint="save the weights as external data: onnx.save(model, path, "
+                              "save_as_external_data=True)")
     head = path.read_bytes()[:64]
     if not head:
         raise ModelError(f"{path}: file is empty")
@@ -101,6 +112,13 @@ def load_model(path: Path) -> LoadedModel:
     if not proto.graph.node:
         raise ModelError(f"{path}: not an ONNX model (the graph has no nodes)",
                          hint="the file is truncated or not ONNX; re-export it")
+    if not proto.graph.output:
+        raise ModelError(f"{path}: the graph has no outputs, so there is nothing to compute",
+                         hint="re-export the model with its outputs listed")
+    if proto.ByteSize() > _PROTOBUF_LIMIT:
+        raise ModelError(f"{path}: the model with its external data is {proto.ByteSize() / 2**30:.1f} GiB; "
+                         f"edgepack builds models up to 2 GiB")
+    _check_opsets(proto, path)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
@@ -114,6 +132,34 @@ def load_model(path: Path) -> LoadedModel:
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     return LoadedModel(path, proto, _value_specs(proto.graph.input, inits), _value_specs(proto.graph.output, set()),
                        opset)
+
+
+def _check_opsets(proto: onnx.ModelProto, path: Path) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx") and not 1 <= o.version <= newest:
+            raise ModelError(f"{path}: opset {o.version} of the default ONNX domain does not exist "
+                             f"(onnx {onnx.__version__} knows opsets 1..{newest})",
+                             hint=f"re-export the model with opset {min(newest, 21)} or lower")
+    found = {}
+
+    def walk(graph):
+        for node in graph.node:
+            if node.domain not in _KNOWN_DOMAINS:
+                found.setdefault((node.domain, node.op_type), node.name or node.op_type)
+            for attr in node.attribute:
+                for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    walk(g)
+    walk(proto.graph)
+    local = {f.domain for f in proto.functions}  # model-local functions define their own domains
+    found = {k: v for k, v in found.items() if k[0] not in local}
+    if found:
+        (domain, op), node = next(iter(sorted(found.items())))
+        more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+        raise UnsupportedOpError(f"{path}: node {node} uses op {op} of domain {domain!r}{more}, a custom op that "
+                                 f"neither onnxruntime (the reference) nor any edgepack backend implements",
+                                 hint="see `edgepack inspect MODEL` for op support per backend; replace the "
+                                      "custom op with standard ONNX ops when exporting")
 
 
 _SHAPE_RE = re.compile(r"^(?P<name>[^=]+)=(?P<dims>\d+(?:[x,]\d+)*)$")
@@ -172,10 +218,11 @@ def fix_input_shapes(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -> 
             for d, n in zip(dims, by_name[v.name].shape):
                 d.Clear()
                 d.dim_value = n
-    # Outputs' symbolic dims are recomputed by shape inference.
+    # Outputs' symbolic dims (and dims written as -1, as PaddlePaddle exports do) are recomputed
+    # by shape inference.
     for v in proto.graph.output:
         for d in v.type.tensor_type.shape.dim:
-            if not d.HasField("dim_value"):
+            if not (d.HasField("dim_value") and d.dim_value > 0):
                 d.Clear()
     for v in list(proto.graph.value_info):
         proto.graph.value_info.remove(v)
@@ -186,6 +233,30 @@ def fix_input_shapes(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -> 
     inits = {i.name for i in proto.graph.initializer}
     return LoadedModel(model.path, proto, _value_specs(proto.graph.input, inits),
                        _value_specs(proto.graph.output, set()), model.opset, tuple(notes))
+
+
+def resolve_output_shapes(model: LoadedModel, outputs: dict[str, np.ndarray]) -> LoadedModel:
+    """Output shapes from onnxruntime's answer for the (static) inputs: dims that shape inference
+    left symbolic or -1 become concrete, since the artifact allocates its outputs up front."""
+    specs, changed = [], False
+    for spec in model.outputs:
+        arr = outputs.get(spec.name)
+        if arr is None or spec.is_static and tuple(spec.shape) == tuple(arr.shape):
+            specs.append(spec)
+            continue
+        specs.append(TensorSpec(spec.name, tuple(int(d) for d in arr.shape), spec.dtype))
+        changed = True
+    if not changed:
+        return model
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    by_name = {s.name: s for s in specs}
+    for v in proto.graph.output:
+        shape = v.type.tensor_type.shape
+        shape.ClearField("dim")
+        for n in by_name[v.name].shape:
+            shape.dim.add().dim_value = n
+    return LoadedModel(model.path, proto, model.inputs, tuple(specs), model.opset, model.notes)
 
 
 def simplify(model: LoadedModel) -> LoadedModel:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -27,10 +28,11 @@ from .backends import CompileRequest, EngineBuild, all_backends, get_backend
 from .bundle import BundleRequest, Bundled, bundle
 from .cache import sha256_bytes, sha256_file
 from .errors import EdgepackError, ToolMissingError, UnsupportedOpError, VerificationError
-from .model import LoadedModel, fix_input_shapes, load_model, simplify
-from .prepost import bake_prepost, prepost_config_exists, prepost_manifest
-from .reference import Tolerance, compare, random_inputs, run_onnxruntime
-from .runner import run_artifact
+from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_shapes, simplify
+from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
+from .reference import (POLICY, Comparison, Tolerance, check_input_sizes, compare, random_inputs,
+                        realistic_inputs, run_onnxruntime)
+from .runner import NATIVE, run_artifact
 from .targets import Target
 from .toolchains import Toolchain
 
@@ -42,7 +44,7 @@ VERIFY_SEED = 7
 @dataclass(frozen=True)
 class BuildOptions:
     backend: str = "auto"
-    precision: str = "fp16"
+    precision: str = "fp16"          # fp16: fp16 allowed (ladder down to fp32); fp32: never fp16; or one rung
     input_shapes: dict = field(default_factory=dict)
     out_dir: Path = Path("dist")
     verify: bool = True
@@ -60,19 +62,93 @@ class PreparedModel:
     golden_outputs: dict
 
     @functools.cached_property
-    def verify_case(self) -> tuple[dict, dict]:
-        """The fresh input every target is verified on, and onnxruntime's answer: computed once
+    def verify_cases(self) -> dict[str, tuple[dict, dict]]:
+        """The inputs every target is verified on, with onnxruntime's answers: a fresh seeded random
+        one, and one in the range real data has (a smooth image for image inputs). Computed once
         per model, not once per target (and not at all with --no-verify)."""
         fresh = random_inputs(self.model.inputs, VERIFY_SEED)
-        return fresh, run_onnxruntime(self.model, fresh)
+        real = realistic_inputs(self.model.inputs, VERIFY_SEED, prepost_of(self.model.proto))
+        return {"random": (fresh, run_onnxruntime(self.model, fresh, "seeded random")),
+                "realistic": (real, run_onnxruntime(self.model, real, "realistic (smooth synthetic)"))}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One run of the artifact: one verification CPU, one input."""
+    cpu: str
+    input: str
+    comparisons: tuple[Comparison, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.comparisons)
+
+    def worst(self) -> Comparison:
+        return max(self.comparisons, key=_badness)
+
+    def to_json(self) -> dict:
+        return {"cpu": self.cpu, "input": self.input, "ok": self.ok,
+                "outputs": [{"name": c.name, "max_abs_err": _num(c.max_abs_err), "bound": c.bound,
+                             "rel_err": _num(c.rel_err), "cosine": c.cosine, "ok": c.ok} for c in self.comparisons]}
+
+
+def _badness(c: Comparison) -> float:
+    """How close to failing: error over bound, and cosine shortfall on the same scale."""
+    if not c.shape_ok:
+        return float("inf")
+    r = c.max_abs_err / c.bound if c.bound else (float("inf") if c.max_abs_err else 0.0)
+    if c.cosine is not None and c.min_cosine < 1:
+        r = max(r, (1 - c.cosine) / (1 - c.min_cosine))
+    return r
+
+
+def _num(x: float) -> float | None:
+    """JSON has no inf/nan: an output that is missing or non-finite reports null."""
+    return x if x == x and x not in (float("inf"), float("-inf")) else None
 
 
 @dataclass(frozen=True)
 class Verification:
-    max_abs_err: float
-    bound: float
-    selftest: str
-    ok: bool
+    checks: tuple[Check, ...]
+    selftests: dict            # cpu -> the selftest line
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def selftest(self) -> str:
+        return next(iter(self.selftests.values()), "")
+
+    def worst(self) -> Comparison:
+        return max((c.worst() for c in self.checks), key=_badness)
+
+    @property
+    def max_abs_err(self) -> float:
+        return self.worst().max_abs_err
+
+    @property
+    def bound(self) -> float:
+        return self.worst().bound
+
+    @property
+    def rel_err(self) -> float:
+        return max(c.rel_err for ch in self.checks for c in ch.comparisons)
+
+    @property
+    def min_cosine(self) -> float | None:
+        cos = [c.cosine for ch in self.checks for c in ch.comparisons if c.cosine is not None]
+        return min(cos) if cos else None
+
+    def per_cpu(self) -> dict:
+        out = {}
+        for cpu in dict.fromkeys(ch.cpu for ch in self.checks):
+            comps = [c for ch in self.checks if ch.cpu == cpu for c in ch.comparisons]
+            cos = [c.cosine for c in comps if c.cosine is not None]
+            out[cpu] = {"max_abs_err": _num(max(c.max_abs_err for c in comps)),
+                        "rel_err": _num(max(c.rel_err for c in comps)), "min_cosine": min(cos) if cos else None,
+                        "ok": all(c.ok for c in comps)}
+        return out
 
 
 @dataclass(frozen=True)
@@ -90,12 +166,19 @@ class TargetResult:
     hint: str | None = None
     exit_code: int = 0
     notes: tuple[str, ...] = ()
+    precision: str | None = None        # the rung kept: fp16-arith, fp16-storage or fp32
+    rel_err: float | None = None        # worst max|a-b| / max|ref| over CPUs, inputs and outputs
+    min_cosine: float | None = None
+    per_cpu: dict = field(default_factory=dict)
+    rejected: tuple[dict, ...] = ()     # precision rungs tried and rejected, with their errors
 
     def to_json(self) -> dict:
         return {"target": self.target, "ok": self.ok, "backend": self.backend,
                 "file": str(self.path) if self.path else None, "size": self.size,
                 "runtime_bytes": self.size - self.weight_bytes if self.size else None,
-                "max_abs_err": self.max_abs_err, "bound": self.bound, "seconds": round(self.seconds, 2),
+                "max_abs_err": self.max_abs_err, "bound": self.bound, "precision": self.precision,
+                "rel_err": self.rel_err, "min_cosine": self.min_cosine, "per_cpu": self.per_cpu,
+                "precision_rejected": list(self.rejected), "seconds": round(self.seconds, 2),
                 "error": self.error, "hint": self.hint, "exit_code": self.exit_code, "notes": list(self.notes),
                 "sha256": sha256_file(self.path) if self.ok and self.path and Path(self.path).is_file() else None}
 
@@ -105,14 +188,25 @@ class TargetResult:
 def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
     model = load_model(path)
     model = fix_input_shapes(model, opts.input_shapes)
+    check_input_sizes(model.inputs, model.path.name)
     if opts.simplify:
         model = simplify(model)
     if opts.preprocess or opts.postprocess or prepost_config_exists(path):
         # Graph surgery before compilation, so every backend gets the same pre/post-processing.
         model = bake_prepost(model, path, opts.preprocess, opts.postprocess)
+        check_input_sizes(model.inputs, model.path.name)
     golden_in = random_inputs(model.inputs, GOLDEN_SEED)
     golden_out = run_onnxruntime(model, golden_in)
+    # outputs written with -1 or symbolic dims: onnxruntime's answer for the static inputs says
+    model = resolve_output_shapes(model, golden_out)
     return PreparedModel(model, sha256_file(path), golden_in, golden_out)
+
+
+def precision_ladder(backend, target: Target, requested: str) -> list[str]:
+    """The precisions to try on ``backend``, best first: a backend with several (NCNN) says which
+    for this target; --fp32 (or a pinned rung, as verify-build passes) allows only that one."""
+    ladder = getattr(backend, "precision_ladder", None)
+    return list(ladder(target, requested)) if ladder else [requested]
 
 
 def backend_candidates(model: LoadedModel, target: Target, requested: str) -> list[tuple[str, str | None]]:
@@ -143,8 +237,9 @@ def backend_candidates(model: LoadedModel, target: Target, requested: str) -> li
     return out
 
 
-def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: Toolchain, opts: BuildOptions) -> dict:
-    precision = opts.precision
+def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: Toolchain, opts: BuildOptions,
+                 rung: str | None = None) -> dict:
+    precision = rung or opts.precision
     model = prep.model
     return {
         "schema": 1,
@@ -155,7 +250,9 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
         "target": target.summary() | {"source": Path(target.source).name},
         "backend": {"name": engine.backend, **engine.manifest},
         "model_blobs_sha256": [sha256_file(p) for p in engine.model_blobs],
-        "precision": precision,
+        # "fp16" or "fp32" (what older readers expect); the exact rung in precision_rung
+        "precision": "fp32" if precision == "fp32" else "fp16",
+        "precision_rung": precision,
         "inputs": [s.to_json() for s in model.inputs],
         "outputs": [s.to_json() for s in model.outputs],
         "tolerance": engine.tolerance.to_json(),
@@ -171,41 +268,64 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
     }
 
 
-def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, workdir: Path) -> Verification:
-    """Run the artifact here (qemu for Arm) on a fresh input and on its own selftest."""
+def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, workdir: Path,
+           log: Callable[[str], None] = lambda m: None) -> Verification:
+    """Run the artifact on every CPU the target may meet (qemu models, or this machine), on each
+    verification input and on its own selftest; stop at the first disagreement."""
     model = prep.model
-    fresh, ref = prep.verify_case
     vdir = workdir / "verify"
     vdir.mkdir(parents=True, exist_ok=True)
-    args = ["run", "--threads", "1", "--output", str(vdir / "out")]
-    for i, s in enumerate(model.inputs):
-        np.save(vdir / f"in{i}.npy", fresh[s.name])
-        args += ["--input", f"{s.name}={vdir / f'in{i}.npy'}"]
-    proc = run_artifact(path, args, qemu_cpu=target.qemu_cpu)
-    if proc.returncode != 0:
-        raise VerificationError(f"{path.name} run failed under verification (exit {proc.returncode}): "
-                                f"{(proc.stderr or proc.stdout).strip()[:300]}")
-    report = json.loads(proc.stdout)
-    got = {name: np.load(info["file"]) for name, info in report["outputs"].items()}
-    results = compare(got, ref, tol)
-    worst = max(results, key=lambda r: (r.max_abs_err / r.bound) if r.bound else r.max_abs_err)
-    # one inference is enough to check the golden output (under qemu each costs seconds)
-    st = run_artifact(path, ["selftest", "--threads", "1", "--runs", "1", "--warmup", "0"], qemu_cpu=target.qemu_cpu)
-    selftest = st.stdout.strip()
-    if not all(r.ok for r in results):
-        raise VerificationError(f"{path.name} disagrees with onnxruntime on output {worst.name}: max abs error "
-                                f"{worst.max_abs_err:.3g} > bound {worst.bound:.3g}",
-                                hint="try --fp32, or another --backend")
-    if st.returncode != 0:
-        raise VerificationError(f"{path.name} selftest failed: {selftest or st.stderr.strip()[:300]}")
-    return Verification(worst.max_abs_err, worst.bound, selftest, True)
+    checks, selftests = [], {}
+    for cpu in target.verify_cpus:
+        for label, (inputs, ref) in prep.verify_cases.items():
+            args = ["run", "--threads", "1", "--output", str(vdir / f"out-{len(checks)}")]
+            for i, s in enumerate(model.inputs):
+                np.save(vdir / f"in{i}.npy", inputs[s.name])
+                args += ["--input", f"{s.name}={vdir / f'in{i}.npy'}"]
+            proc = run_artifact(path, args, cpu=cpu)
+            if proc.returncode != 0:
+                raise _rejected(f"{path.name} run failed on CPU {cpu} (exit {proc.returncode}): "
+                                f"{_tail(proc.stderr or proc.stdout)}", checks)
+            report = json.loads(proc.stdout)
+            got = {name: np.load(info["file"]) for name, info in report["outputs"].items()}
+            check = Check(cpu, label, tuple(compare(got, ref, tol)))
+            checks.append(check)
+            w = check.worst()
+            log(f"{_runner(cpu)}, {label} input: {w.name} max error {w.max_abs_err:.2e} "
+                f"({w.rel_err:.2%} of scale), cosine {w.cosine if w.cosine is not None else '-'}")
+            if not check.ok:
+                raise _rejected(f"{path.name} disagrees with onnxruntime on output {w.name} ({_runner(cpu)}, "
+                                f"{label} input): {w.why()}", checks)
+        # one inference is enough to check the golden output (under qemu each costs seconds)
+        st = run_artifact(path, ["selftest", "--threads", "1", "--runs", "1", "--warmup", "0"], cpu=cpu)
+        selftests[cpu] = st.stdout.strip()
+        if st.returncode != 0:
+            raise _rejected(f"{path.name} selftest failed on CPU {cpu}: {selftests[cpu] or _tail(st.stderr)}", checks)
+    return Verification(tuple(checks), selftests)
+
+
+def _rejected(message: str, checks: list) -> VerificationError:
+    exc = VerificationError(message, hint="edgepack tried every precision that --fp16/--fp32 allowed on this "
+                                          "backend; try another --backend")
+    exc.checks = tuple(checks)  # the measured errors, for the manifest's record of rejected rungs
+    return exc
+
+
+def _runner(cpu: str) -> str:
+    return "native" if cpu == NATIVE else f"qemu -cpu {cpu}"
+
+
+def _tail(text: str) -> str:
+    lines = [l for l in (text or "").strip().splitlines() if not l.startswith("qemu-")]  # TCG feature warnings
+    return " ".join(lines)[-300:]
 
 
 def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolchain,
                  log: Callable[[str], None]) -> TargetResult:
     t0 = time.monotonic()
     model = prep.model
-    reasons = []
+    reasons, rejected = [], []
+    last: EdgepackError | None = None
     candidates = backend_candidates(model, target, opts.backend)
     # issue 9 item 4: NCNN on what it can take + TVM for the rest, before a whole-graph fallback
     from .partition_build import with_split
@@ -216,64 +336,110 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
             log(f"[{target.name}] skip {why_not}")
             continue
         backend = get_backend(name)
-        with tempfile.TemporaryDirectory(prefix=f"edgepack-{target.name}-") as tmp:
-            workdir = Path(tmp)
+        rungs = precision_ladder(backend, target, opts.precision)
+        for rung in rungs:
             try:
-                t_stage = time.monotonic()
-                # Targets build in threads; a backend whose compiler keeps global state (TVM's
-                # importer does) compiles one target at a time.
-                with contextlib.nullcontext() if getattr(backend, "thread_safe", False) else _COMPILE_LOCKS[name]:
-                    engine = backend.compile(CompileRequest(model, target, opts.precision, workdir / "compile", tc,
-                                                            lambda m: log(f"[{target.name}] {m}")))
-                log(f"[{target.name}] {name}: compiled in {time.monotonic() - t_stage:.1f} s")
-                t_stage = time.monotonic()
-                manifest = manifest_for(prep, target, engine, tc, opts)
-                out_path = Path(opts.out_dir) / f"{model.name}-{target.name}"
-                staged = workdir / "artifact"
-                built: Bundled = bundle(BundleRequest(
-                    model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
-                    prep.golden_outputs, manifest, workdir / "bundle", staged, tc))
-                log(f"[{target.name}] bundled {built.size / 1e6:.2f} MB in {time.monotonic() - t_stage:.1f} s")
-                t_stage = time.monotonic()
-                verification = None
-                if opts.verify:
-                    log(f"[{target.name}] verifying against onnxruntime"
-                        + (f" under qemu (-cpu {target.qemu_cpu})" if target.needs_qemu else ""))
-                    verification = verify(staged, target, prep, engine.tolerance, workdir)
-                    log(f"[{target.name}] verified in {time.monotonic() - t_stage:.1f} s: max error "
-                        f"{verification.max_abs_err:.2e} (bound {verification.bound:.2e})")
-                out_path.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(staged, out_path)
-                full = dict(manifest)
-                full["artifact"] = {"file": out_path.name, "size": built.size, "sha256": sha256_file(out_path),
-                                    "weight_bytes": engine.weight_bytes,
-                                    "runtime_bytes": built.size - engine.weight_bytes}
-                if verification:
-                    full["verification"] = {"max_abs_err": verification.max_abs_err, "bound": verification.bound,
-                                            "selftest": verification.selftest,
-                                            "runner": "native" if not target.needs_qemu else
-                                            f"qemu -cpu {target.qemu_cpu}"}
-                full["backend_choice"] = {"used": name, "skipped": reasons}
-                out_path.with_name(out_path.name + ".json").write_text(json.dumps(full, indent=1, sort_keys=True))
-                notes = tuple(model.notes) + tuple(engine.notes) + tuple(f"skipped: {r}" for r in reasons)
-                return TargetResult(target.name, True, name, out_path, built.size, engine.weight_bytes,
-                                    verification.max_abs_err if verification else None,
-                                    verification.bound if verification else None,
-                                    time.monotonic() - t0, notes=notes)
+                res = _attempt(prep, target, opts, tc, log, name, backend, rung, reasons, rejected, t0)
+                return res
+            except VerificationError as exc:
+                # the artifact is wrong at this precision: the next rung down, then the next backend
+                checks = getattr(exc, "checks", ())
+                worst = max((c.worst() for c in checks), key=_badness) if checks else None
+                rejected.append({"backend": name, "precision": rung, "error": exc.message,
+                                 "rel_err": _num(worst.rel_err) if worst else None,
+                                 "checks": [c.to_json() for c in checks]})
+                log(f"[{target.name}] {name} {rung} rejected: {exc.message}")
+                last = exc
+                if rung == rungs[-1]:
+                    reasons.append(f"{name}: {exc.message}")
             except EdgepackError as exc:
                 reasons.append(f"{name}: {exc.message}")
                 log(f"[{target.name}] {name} failed: {exc.message}")
                 last = exc
-                if opts.backend != "auto":
-                    return TargetResult(target.name, False, name, seconds=time.monotonic() - t0,
-                                        error=exc.message, hint=exc.hint, exit_code=exc.exit_code)
+                break
+        if opts.backend != "auto" and last is not None:
+            return TargetResult(target.name, False, name, seconds=time.monotonic() - t0, error=last.message,
+                                hint=last.hint, exit_code=last.exit_code, rejected=tuple(rejected))
     if not reasons:
         reasons.append("no backend configured")
     msg = "; ".join(reasons)
-    unsupported = all(r is not None for _, r in candidates)
-    code = UnsupportedOpError.exit_code if unsupported else locals().get("last", EdgepackError("")).exit_code
-    return TargetResult(target.name, False, None, seconds=time.monotonic() - t0, error=msg,
-                        hint="see `edgepack inspect MODEL` for op support per backend", exit_code=code)
+    # The op-support hint only where op support is the cause: every backend refused an op.
+    op_refusals = [r for _, r in candidates if r is not None and " cannot build op " in r]
+    if last is None and op_refusals and len(op_refusals) == len(candidates) or isinstance(last, UnsupportedOpError):
+        code, hint = UnsupportedOpError.exit_code, "see `edgepack inspect MODEL` for op support per backend"
+    elif last is not None:
+        code, hint = last.exit_code, last.hint
+    else:
+        code, hint = ToolMissingError.exit_code, "run `edgepack doctor`"
+    return TargetResult(target.name, False, None, seconds=time.monotonic() - t0, error=msg, hint=hint,
+                        exit_code=code, rejected=tuple(rejected))
+
+
+def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolchain, log, name: str, backend,
+             rung: str, reasons: list, rejected: list, t0: float) -> TargetResult:
+    """Compile, bundle and verify one (backend, precision); the artifact is moved to the output
+    folder only when verified. Raises VerificationError when its numbers are off."""
+    model = prep.model
+    with tempfile.TemporaryDirectory(prefix=f"edgepack-{target.name}-") as tmp:
+        workdir = Path(tmp)
+        t_stage = time.monotonic()
+        # Targets build in threads; a backend whose compiler keeps global state (TVM's
+        # importer does) compiles one target at a time.
+        with contextlib.nullcontext() if getattr(backend, "thread_safe", False) else _COMPILE_LOCKS[name]:
+            engine = backend.compile(CompileRequest(model, target, rung, workdir / "compile", tc,
+                                                    lambda m: log(f"[{target.name}] {m}")))
+        # one bound policy for every backend and precision, in the verification and the selftest alike
+        engine = dataclasses.replace(engine, tolerance=POLICY)
+        kept = engine.manifest.get("precision") or engine.manifest.get("compute_precision") or rung
+        log(f"[{target.name}] {name} {kept}: compiled in {time.monotonic() - t_stage:.1f} s")
+        t_stage = time.monotonic()
+        manifest = manifest_for(prep, target, engine, tc, opts, kept)
+        out_path = Path(opts.out_dir) / f"{model.name}-{target.name}"
+        staged = workdir / "artifact"
+        built: Bundled = bundle(BundleRequest(
+            model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
+            prep.golden_outputs, manifest, workdir / "bundle", staged, tc))
+        log(f"[{target.name}] bundled {built.size / 1e6:.2f} MB in {time.monotonic() - t_stage:.1f} s")
+        t_stage = time.monotonic()
+        verification = None
+        if opts.verify:
+            log(f"[{target.name}] verifying {kept} against onnxruntime on CPUs "
+                + ", ".join(_runner(c) for c in target.verify_cpus))
+            verification = verify(staged, target, prep, engine.tolerance, workdir,
+                                  log=lambda m: log(f"[{target.name}]   {m}"))
+            log(f"[{target.name}] verified in {time.monotonic() - t_stage:.1f} s: max error "
+                f"{verification.max_abs_err:.2e} (bound {verification.bound:.2e}, "
+                f"{verification.rel_err:.3%} of scale)")
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(staged, out_path)
+        full = dict(manifest)
+        full["artifact"] = {"file": out_path.name, "size": built.size, "sha256": sha256_file(out_path),
+                            "weight_bytes": engine.weight_bytes,
+                            "runtime_bytes": built.size - engine.weight_bytes}
+        if verification:
+            full["verification"] = {
+                "max_abs_err": verification.max_abs_err, "bound": verification.bound,
+                "rel_err": verification.rel_err, "min_cosine": verification.min_cosine,
+                "policy": engine.tolerance.to_json(), "per_cpu": verification.per_cpu(),
+                "checks": [c.to_json() for c in verification.checks],
+                "selftest": next(iter(verification.selftests.values()), ""),
+                "selftests": verification.selftests,
+                "runner": ", ".join(_runner(c) for c in target.verify_cpus)}
+        full["backend_choice"] = {"used": name, "skipped": list(reasons)}
+        full["precision_choice"] = {
+            "allowed": opts.precision, "kept": kept, "rejected": list(rejected),
+            "why": (f"{kept}: the first precision that verified on every CPU"
+                    + (f" ({len(rejected)} rejected before it)" if rejected else "")) if verification
+            else f"{kept}: not verified (--no-verify)"}
+        out_path.with_name(out_path.name + ".json").write_text(json.dumps(full, indent=1, sort_keys=True))
+        notes = tuple(model.notes) + tuple(engine.notes) + tuple(f"skipped: {r}" for r in reasons)
+        notes += tuple(f"rejected {r['backend']} {r['precision']}: {r['error']}" for r in rejected)
+        v = verification
+        return TargetResult(target.name, True, name, out_path, built.size, engine.weight_bytes,
+                            v.max_abs_err if v else None, v.bound if v else None, time.monotonic() - t0,
+                            notes=notes, precision=kept, rel_err=_num(v.rel_err) if v else None,
+                            min_cosine=v.min_cosine if v else None, per_cpu=v.per_cpu() if v else {},
+                            rejected=tuple(rejected))
 
 
 def build(model_path: Path, targets: list[Target], opts: BuildOptions, log: Callable[[str], None] = print,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,10 @@ from .triple import ARCHES, Triple, parse_triple
 from .resources import targets_dir
 _LINK_KINDS = {"static", "static-pie", "dynamic"}
 _KNOWN_KEYS = {"name", "description", "aliases", "triple", "cpu", "features", "link", "page_size",
-               "qemu_cpu", "backends", "toolchain", "ncnn", "tvm", "fp16_arithmetic"}
+               "qemu_cpu", "verify_cpus", "backends", "toolchain", "ncnn", "tvm", "fp16_arithmetic"}
+# "native": the build machine's own CPU, no emulation; anything else is a qemu-user CPU model.
+NATIVE = "native"
+_QEMU_CPU_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,7 @@ class Target:
     features: tuple[str, ...]    # informative CPU features (fp16, dotprod, ...)
     link: str                    # static | static-pie | dynamic
     page_size: int               # max-page-size the ELF LOAD segments are aligned to
-    qemu_cpu: str | None         # CPU model for verification under qemu-user
+    verify_cpus: tuple[str, ...]  # every CPU kind the artifact is verified on ("native" or a qemu -cpu model)
     backends: tuple[str, ...]    # preference order for --backend auto
     toolchain: str
     fp16_arithmetic: bool        # the CPU does fp16 math (ncnn then uses it by default)
@@ -41,10 +45,17 @@ class Target:
     def needs_qemu(self) -> bool:
         return ARCHES[self.triple.arch]["qemu"] is not None
 
+    @property
+    def qemu_cpu(self) -> str | None:
+        """The first emulated CPU of an arch this machine cannot run natively (older manifests and
+        the SDK read this key to run an Arm artifact under qemu)."""
+        return next((c for c in self.verify_cpus if c != NATIVE), None) if self.needs_qemu else None
+
     def summary(self) -> dict:
         return {"name": self.name, "description": self.description, "triple": str(self.triple),
                 "cpu": self.cpu, "features": list(self.features), "link": self.link,
-                "page_size": self.page_size, "qemu_cpu": self.qemu_cpu, "backends": list(self.backends),
+                "page_size": self.page_size, "qemu_cpu": self.qemu_cpu,
+                "verify_cpus": list(self.verify_cpus), "backends": list(self.backends),
                 "toolchain": self.toolchain, "aliases": list(self.aliases), "source": self.source}
 
 
@@ -87,16 +98,46 @@ def parse_target(data: dict, path: Path) -> Target:
         raise TargetError(f"{path}: backends must be a non-empty list of backend names")
     aliases = tuple(data.get("aliases", []))
     features = tuple(data.get("features", []))
-    qemu_cpu = data.get("qemu_cpu")
-    if ARCHES[triple.arch]["qemu"] and not qemu_cpu:
-        raise TargetError(f"{path}: qemu_cpu is required for {triple.arch} targets (verification runs under qemu)")
+    verify_cpus = _verify_cpus(data, triple.arch, path)
     return Target(
         name=name, description=str(data.get("description", "")), triple=triple, cpu=cpu,
-        features=features, link=link, page_size=page_size, qemu_cpu=qemu_cpu, backends=backends,
+        features=features, link=link, page_size=page_size, verify_cpus=verify_cpus, backends=backends,
         toolchain=str(data.get("toolchain", "zig")), fp16_arithmetic=bool(data.get("fp16_arithmetic", False)),
         aliases=aliases, backend_options={k: data[k] for k in ("ncnn", "tvm") if k in data},
         source=str(path),
     )
+
+
+def _verify_cpus(data: dict, arch: str, path: Path) -> tuple[str, ...]:
+    """``verify_cpus`` (a list), or the older single ``qemu_cpu``: every CPU feature set the
+    artifact may meet on a device, since ncnn picks kernels (fp16 arithmetic, AVX-512) at run time."""
+    emulated = ARCHES[arch]["qemu"] is not None
+    if "verify_cpus" in data and "qemu_cpu" in data:
+        raise TargetError(f"{path}: give verify_cpus only (qemu_cpu is its older one-CPU form)")
+    if "qemu_cpu" in data:
+        cpus = [data["qemu_cpu"]]
+        if not isinstance(cpus[0], str):
+            raise TargetError(f"{path}: key 'qemu_cpu' must be str, got {type(cpus[0]).__name__}")
+    elif "verify_cpus" in data:
+        cpus = data["verify_cpus"]
+        if not isinstance(cpus, list) or not cpus or not all(isinstance(c, str) for c in cpus):
+            raise TargetError(f"{path}: verify_cpus must be a non-empty list of CPU names, "
+                              f"e.g. [\"cortex-a53\", \"max\"]")
+    elif emulated:
+        raise TargetError(f"{path}: verify_cpus is required for {arch} targets (verification runs under qemu), "
+                          f"e.g. verify_cpus = [\"cortex-a53\", \"max\"]")
+    else:
+        cpus = [NATIVE]
+    if len(set(cpus)) != len(cpus):
+        raise TargetError(f"{path}: verify_cpus lists a CPU twice: {cpus}")
+    for c in cpus:
+        if c == NATIVE and emulated:
+            raise TargetError(f"{path}: verify_cpus: \"native\" is only for targets this machine runs natively "
+                              f"(x86_64); name a qemu CPU model for {arch}, e.g. \"cortex-a53\"")
+        if c != NATIVE and not _QEMU_CPU_RE.match(c):
+            raise TargetError(f"{path}: verify_cpus: {c!r} is not a qemu CPU model name "
+                              f"(see `qemu-{arch} -cpu help`)")
+    return tuple(cpus)
 
 
 def load_target_file(path: Path) -> Target:

@@ -62,7 +62,7 @@ def test_unknown_target_suggests_nearest():
 
 
 @pytest.mark.parametrize("data,needle", [
-    ({"name": "x", "triple": "aarch64-linux-musl"}, "qemu_cpu is required"),
+    ({"name": "x", "triple": "aarch64-linux-musl"}, "verify_cpus is required"),
     ({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "max", "cpu": "cortex-a72"}, "underscores"),
     ({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "max", "page_size": 1000}, "power of two"),
     ({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "max", "link": "dynamic"}, "glibc"),
@@ -94,3 +94,40 @@ def test_invalid_user_target_file_is_one_clear_line(tmp_path):
     assert proc.returncode == 3
     assert "bad.toml" in proc.stderr and "link must be one of" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_builtin_targets_verify_on_every_cpu_kind_they_may_meet():
+    m = TargetMatrix.load()
+    # generic Arm builds meet CPUs without and with fp16 arithmetic (ncnn switches it on by itself)
+    assert m.get("arm64").verify_cpus == ("cortex-a53", "max")
+    assert m.get("android-arm64").verify_cpus == ("cortex-a53", "max")
+    assert m.get("jetson-orin").verify_cpus == ("max",) and m.get("jetson-xavier").verify_cpus == ("max",)
+    # x86_64: this machine, and an AVX2 CPU without AVX-512 under qemu
+    assert m.get("x86_64").verify_cpus == ("native", "Haswell-noTSX")
+    assert m.get("arm64").qemu_cpu == "cortex-a53" and m.get("x86_64").qemu_cpu is None
+    assert m.get("arm64").summary()["verify_cpus"] == ["cortex-a53", "max"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"verify_cpus": []}, "non-empty list"),
+    ({"verify_cpus": "max"}, "non-empty list"),
+    ({"verify_cpus": ["max", "max"]}, "lists a CPU twice"),
+    ({"verify_cpus": ["native"]}, "only for targets this machine runs natively"),
+    ({"verify_cpus": ["cortex a53"]}, "not a qemu CPU model name"),
+    ({"verify_cpus": ["max"], "qemu_cpu": "max"}, "give verify_cpus only"),
+    ({"qemu_cpu": 3}, "must be str"),
+    ({"verify_cpu": ["max"]}, "did you mean 'verify_cpus'"),
+])
+def test_verify_cpus_validation(extra, needle):
+    with pytest.raises(TargetError) as e:
+        parse_target({"name": "x", "triple": "aarch64-linux-musl"} | extra, Path("t.toml"))
+    assert needle in str(e.value)
+
+
+def test_legacy_qemu_cpu_still_names_the_one_verification_cpu():
+    t = parse_target({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "cortex-a72"}, Path("t.toml"))
+    assert t.verify_cpus == ("cortex-a72",) and t.qemu_cpu == "cortex-a72"
+    x = parse_target({"name": "x", "triple": "x86_64-linux-musl"}, Path("t.toml"))
+    assert x.verify_cpus == ("native",)
+    assert parse_target({"name": "x", "triple": "x86_64-linux-musl", "verify_cpus": ["native", "Nehalem"]},
+                        Path("t.toml")).verify_cpus == ("native", "Nehalem")

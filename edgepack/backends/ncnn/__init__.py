@@ -5,12 +5,16 @@ import shutil
 
 from .. import CompileRequest, EngineBuild, register
 from ...model import LoadedModel
-from ...reference import TOLERANCES
+from ...reference import POLICY
 from ...resources import runtimes_dir
 from .convert import PNNX_VERSION, convert, pnnx_executable
 from .library import build_library
 from .ops import CONVERSION_DECIDES, SUPPORTED
 from .prune import pruned_layer_object
+
+# The precision ladder, best first: fp16 weights and fp16 arithmetic (where the CPU has it), fp16
+# weights/storage with fp32 arithmetic, all fp32.
+RUNGS = ("fp16-arith", "fp16-storage", "fp32")
 
 
 class NcnnBackend:
@@ -31,15 +35,24 @@ class NcnnBackend:
                 missing.append(f"{tool} (apt-get install {tool if tool == 'cmake' else 'ninja-build'})")
         return missing
 
+    def precision_ladder(self, target, requested: str) -> list[str]:
+        """fp16 arithmetic -> fp16 storage with fp32 arithmetic -> fp32, best first. fp16
+        arithmetic is only offered where a verification CPU can run it (qemu's Arm "max"; TCG has
+        no AVX512-FP16), so an x86_64 artifact never turns it on unverified."""
+        if requested in RUNGS:   # pinned (verify-build rebuilds the rung that was kept)
+            return [requested]
+        if requested == "fp32":
+            return ["fp32"]
+        return list(RUNGS) if target.arch == "aarch64" else ["fp16-storage", "fp32"]
+
     def compile(self, req: CompileRequest) -> EngineBuild:
-        converted = convert(req.model, req.precision, log=req.log)
+        rung = req.precision if req.precision in RUNGS else self.precision_ladder(req.target, req.precision)[0]
+        weights = "fp32" if rung == "fp32" else "fp16"
+        converted = convert(req.model, weights, log=req.log)
         lib = build_library(req.target, req.toolchain, log=req.log)
         layer_obj, kept = pruned_layer_object(lib, set(converted.layer_types), log=req.log)
-        # ncnn turns fp16 arithmetic on by itself on any Arm CPU that has it, so a generic arm64
-        # artifact may meet it on the device (an arm64 build copied to an Orin): budget for it.
-        fp16_math = req.precision == "fp16" and (req.target.fp16_arithmetic or req.target.arch == "aarch64")
-        tol = TOLERANCES["fp16-arith" if fp16_math else req.precision]
-        options = {"ncnn.fp32": "1" if req.precision == "fp32" else "0"}
+        fp16_math = rung == "fp16-arith"
+        options = {"ncnn.fp32": "1" if rung == "fp32" else "0", "ncnn.fp16_arithmetic": "1" if fp16_math else "0"}
         for i, (blob, b) in enumerate(zip(converted.input_blobs, converted.input_batch)):
             options[f"ncnn.in.{i}"] = blob
             options[f"ncnn.in_batch.{i}"] = b
@@ -53,9 +66,10 @@ class NcnnBackend:
             link_inputs=(layer_obj, lib.lib),
             model_blobs=(converted.param, converted.bin),
             options=options,
-            tolerance=tol,
+            tolerance=POLICY,
             manifest={"pnnx": PNNX_VERSION, "conversion_cache_key": converted.key, "layers": list(converted.layer_types),
                       "linked_layers": kept, "library": lib.manifest(), "fp16_arithmetic": fp16_math,
+                      "precision": rung, "weights": weights,
                       "conversion_check_max_abs_err": converted.check_error,
                       "onnx_rewrites": list(converted.rewrites)},
             weight_bytes=converted.bin.stat().st_size,
