@@ -164,11 +164,11 @@ int ep_coerce_input(const ep_io_spec *spec, ep_tensor *t, int pixels, ep_status 
         char a[128], b[128];
         ep_shape_str(t->shape, t->ndim, a, sizeof a);
         ep_shape_str(spec->shape, spec->ndim, b, sizeof b);
-        return ep_fail(st, EP_ERR_INPUT, "input %s: shape %s, the model needs %s", spec->name, a, b);
+        return ep_fail(st, EP_ERR_INPUT, "input %.200s: shape %s, the model needs %s", spec->name, a, b);
     }
     if (t->dtype != spec->dtype) {
         if (!(pixels && t->dtype == EP_U8 && (spec->dtype == EP_F32 || spec->dtype == EP_F16 || spec->dtype == EP_F64)))
-            return ep_fail(st, EP_ERR_INPUT, "input %s: dtype %s, the model needs %s (convert the data first%s)",
+            return ep_fail(st, EP_ERR_INPUT, "input %.200s: dtype %s, the model needs %s (convert the data first%s)",
                            spec->name, ep_dtype_name(t->dtype), ep_dtype_name(spec->dtype),
                            pixels ? "; raw pixels may be uint8" : "");
         /* raw uint8 pixels into the float input of baked image preprocessing: exact */

@@ -315,12 +315,12 @@ int ep_check_input(const ep_io_spec *spec, const ep_tensor *t, ep_status *st) {
     ep_shape_str(spec->shape, spec->ndim, want, sizeof want);
     ep_shape_str(t->shape, t->ndim, got, sizeof got);
     if (t->dtype != spec->dtype)
-        return ep_fail(st, EP_ERR_INPUT, "input %s: dtype %s, the model needs %s (shape %s)", spec->name,
+        return ep_fail(st, EP_ERR_INPUT, "input %.200s: dtype %s, the model needs %s (shape %s)", spec->name,
                        ep_dtype_name(t->dtype), ep_dtype_name(spec->dtype), want);
     int same = t->ndim == spec->ndim;
     for (int i = 0; same && i < t->ndim; i++) same = t->shape[i] == spec->shape[i];
     if (!same)
-        return ep_fail(st, EP_ERR_INPUT, "input %s: shape %s, the model needs %s", spec->name, got, want);
+        return ep_fail(st, EP_ERR_INPUT, "input %.200s: shape %s, the model needs %s", spec->name, got, want);
     return EP_OK;
 }
 
