@@ -132,6 +132,28 @@ def crnn_lstm_model(t=7, c=6, hidden=4) -> onnx.ModelProto:
     return _model(nodes, [("x", [t, 1, c])], [("out", [t, 3])], inits)
 
 
+def streaming_lstm_model(hidden=4, c=6) -> onnx.ModelProto:
+    """Silero VAD's decoder step: state [2,1,H] split by Gather+Unsqueeze into h0/c0, a one-step LSTM
+    whose Y is unused, Y_h read twice (the next layer and the new state), W given by a Constant node."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((1, 4 * hidden, c)).astype(np.float32)
+    nodes = [helper.make_node("Constant", [], ["W"], value=numpy_helper.from_array(w)),
+             helper.make_node("Unsqueeze", ["R2", "ax0"], ["R"]),
+             helper.make_node("Gather", ["state", "i0"], ["h"], axis=0),
+             helper.make_node("Gather", ["state", "i1"], ["cst"], axis=0),
+             helper.make_node("Unsqueeze", ["h", "ax0"], ["h0"]),
+             helper.make_node("Unsqueeze", ["cst", "ax0"], ["c0"]),
+             helper.make_node("LSTM", ["x", "W", "R", "B", "", "h0", "c0"], ["y", "yh", "yc"], hidden_size=hidden),
+             helper.make_node("Squeeze", ["yh", "ax0"], ["feat"]),
+             helper.make_node("Relu", ["feat"], ["out"]),
+             helper.make_node("Concat", ["yh", "yc"], ["state_n"], axis=0)]
+    inits = [("R2", rng.standard_normal((4 * hidden, hidden)).astype(np.float32)),
+             ("B", rng.standard_normal((1, 8 * hidden)).astype(np.float32)), ("ax0", np.array([0], np.int64)),
+             ("i0", np.array(0, np.int64)), ("i1", np.array(1, np.int64))]
+    return _model(nodes, [("x", [1, 1, c]), ("state", [2, 1, hidden])], [("out", [1, hidden]),
+                                                                           ("state_n", [2, 1, hidden])], inits)
+
+
 # ---- one rewrite at a time ----------------------------------------------------------------------
 
 def test_strided_slice_to_conv_is_exact_and_removes_every_strided_slice():
@@ -201,6 +223,23 @@ def test_lstm_outputs_as_pnnx_expects_is_exact():
     assert shapes[0] == [0, 0, -1]
 
 
+def test_fold_constant_shape_ops_is_exact():
+    new, fired = _same_after(rw.fold_constant_shape_ops, streaming_lstm_model())
+    assert fired == 1 and "R" in {i.name for i in new.graph.initializer}
+
+
+def test_gather_unsqueeze_to_slice_is_exact():
+    new, fired = _same_after(rw.gather_unsqueeze_to_slice, streaming_lstm_model())
+    assert fired == 2 and "Gather" not in _ops(new) and _ops(new).count("Slice") == 2
+
+
+def test_lstm_state_from_sequence_output_is_exact():
+    new, fired = _same_after(rw.lstm_state_from_sequence_output, streaming_lstm_model())
+    assert fired == 1
+    readers = [n.op_type for n in new.graph.node if "yh" in n.input]
+    assert readers == ["Concat"]  # the new state still reads Y_h; the next layer reads Y
+
+
 def test_rewrites_fire_on_nothing_in_a_plain_cnn():
     m = _model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])],
                [("x", [1, 3, 8, 8])], [("y", [1, 4, 6, 6])],
@@ -238,7 +277,8 @@ def _pnnx_leftovers(m: onnx.ModelProto, tmp_path) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("make", [qkv_model, focus_model, time_major_head_model, crnn_lstm_model])
+@pytest.mark.parametrize("make", [qkv_model, focus_model, time_major_head_model, crnn_lstm_model,
+                                  streaming_lstm_model])
 def test_pnnx_leaves_layers_ncnn_lacks_without_the_rewrites_and_none_with_them(make, tmp_path):
     m = make()
     assert _pnnx_leftovers(m, tmp_path / "before"), "pnnx now converts this pattern: the rewrite may be unneeded"

@@ -63,15 +63,16 @@ class _Graph:
         return name
 
 
-def _apply(graph: onnx.GraphProto, plan: dict[int, list]) -> int:
-    """Put plan[i]'s nodes where node i was (keeps the node list topologically sorted)."""
+def _apply(graph: onnx.GraphProto, plan: dict[int, list], fired: int | None = None) -> int:
+    """Put plan[i]'s nodes where node i was (keeps the node list topologically sorted); returns how
+    many rewrites fired (fired, or one per planned node)."""
     if plan:
         nodes = []
         for i, n in enumerate(graph.node):
             nodes.extend(plan.get(i, [n]))
         del graph.node[:]
         graph.node.extend(nodes)
-    return len(plan)
+    return len(plan) if fired is None else fired
 
 
 def _attr(node, name: str, default=None):
@@ -352,6 +353,98 @@ def _from_lstm(gr: "_Graph", name: str) -> bool:
     return p is not None and p.op_type == "Transpose" and (gr.producer.get(p.input[0]) or p).op_type == "LSTM"
 
 
+def lstm_state_from_sequence_output(model: onnx.ModelProto) -> int:
+    """One-step forward LSTM whose Y is unused: all but one reader of Y_h read Squeeze(Y, axis 1).
+
+    Streaming models (Silero VAD) run one time step per call and keep only the states; pnnx maps
+    an ONNX LSTM to ncnn's only when its Y goes through Squeeze axis 1 and Y_h, Y_c stay in use.
+    With one step Y_h is exactly Y without its direction axis."""
+    gr, plan = _Graph(model), {}
+    used = {i for n in gr.g.node for i in n.input} | gr.outputs
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type != "LSTM" or len(node.output) < 2 or node.output[0] in used or not node.output[1]:
+            continue
+        if _attr(node, "direction", b"forward") not in (b"forward", "forward"):
+            continue
+        y, yh = node.output[0], node.output[1]
+        y_shape = gr.shapes.get(y)
+        if not y or y_shape is None or y_shape[0] != 1:
+            continue
+        readers = [n for n in gr.g.node if yh in n.input]
+        keep_yh = yh in gr.outputs
+        if len(readers) + keep_yh < 2:
+            continue  # pnnx's match also needs Y_h itself to stay in use
+        squeezed = gr.fresh(y + "_step")
+        sq = (helper.make_node("Squeeze", [y, gr.add_const("axes", np.array([1], np.int64))], [squeezed],
+                               name=gr.fresh("lstm_squeeze")) if _opset(model) >= 13 else
+              helper.make_node("Squeeze", [y], [squeezed], axes=[1], name=gr.fresh("lstm_squeeze")))
+        plan[pos] = [node, sq]
+        for other in readers[:len(readers) if keep_yh else -1]:
+            for k, name in enumerate(other.input):
+                if name == yh:
+                    other.input[k] = squeezed
+    return _apply(gr.g, plan)
+
+
+_FOLDABLE = {
+    "Unsqueeze": lambda x, axes: np.expand_dims(x, tuple(int(a) for a in axes)),
+    "Squeeze": lambda x, axes=None: np.squeeze(x, tuple(int(a) for a in axes) if axes is not None else None),
+    "Reshape": lambda x, shape: x.reshape([x.shape[i] if d == 0 else int(d) for i, d in enumerate(shape)]),
+    "Identity": lambda x: x,
+}
+
+
+def fold_constant_shape_ops(model: onnx.ModelProto) -> int:
+    """Unsqueeze/Squeeze/Reshape/Identity of constants -> one initializer.
+
+    When onnxsim fails on a model (Silero VAD: `If` branches), LSTM weights still arrive through
+    Unsqueeze nodes, and pnnx matches an LSTM only when W/R/B are constants."""
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(list(gr.g.node)):
+        fn = _FOLDABLE.get(node.op_type)
+        ins = [i for i in node.input if i]
+        if fn is None or not ins or any(i not in gr.consts for i in ins) or len(node.output) != 1:
+            continue
+        args = [gr.consts[i] for i in ins]
+        if node.op_type in ("Unsqueeze", "Squeeze") and len(args) == 1 and _attr(node, "axes") is not None:
+            args.append(np.array(_attr(node, "axes")))
+        try:
+            value = np.asarray(fn(*args))
+        except Exception:  # an unusual attribute (allowzero, ...): leave the node
+            continue
+        gr.g.initializer.append(numpy_helper.from_array(value.astype(args[0].dtype), node.output[0]))
+        gr.consts[node.output[0]] = value
+        plan[pos] = []
+    return _apply(gr.g, plan)
+
+
+def gather_unsqueeze_to_slice(model: onnx.ModelProto) -> int:
+    """Gather(x, scalar i, axis a) -> Unsqueeze(axes=[a]) == Slice(x, i:i+1, axis a).
+
+    Silero VAD splits its [2, 1, 128] state into h and c this way; pnnx fuses the two Gathers into
+    a `torch.unbind` that ncnn has no layer for, while a Slice becomes ncnn's Crop."""
+    gr, plan = _Graph(model), {}
+    index = {n.output[0]: k for k, n in enumerate(gr.g.node) if n.output}
+    for pos, node in enumerate(list(gr.g.node)):
+        idx = gr.consts.get(node.input[1]) if node.op_type == "Gather" else None
+        readers = gr.consumers.get(node.output[0], []) if idx is not None else []
+        if idx is None or idx.ndim != 0 or len(readers) != 1 or node.output[0] in gr.outputs:
+            continue
+        u = readers[0]
+        rank = len(gr.shapes.get(node.input[0], ()))
+        a = _attr(node, "axis", 0)
+        a = a + rank if a < 0 else a
+        axes = _attr(u, "axes") if len(u.input) < 2 else gr.const_ints(u.input[1])
+        if u.op_type != "Unsqueeze" or axes is None or [x + rank if x < 0 else x for x in axes] != [a] or rank == 0:
+            continue
+        i = int(idx) + (gr.shapes[node.input[0]][a] if int(idx) < 0 else 0)
+        ins = [node.input[0], gr.add_const("starts", np.array([i], np.int64)),
+               gr.add_const("ends", np.array([i + 1], np.int64)), gr.add_const("axes", np.array([a], np.int64))]
+        plan[pos] = []
+        plan[index[u.output[0]]] = [helper.make_node("Slice", ins, list(u.output), name=gr.fresh(node.name or "gather"))]
+    return _apply(gr.g, plan, len(plan) // 2)
+
+
 def _opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
@@ -376,7 +469,7 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
     return removed
 
 
-REWRITES = (lstm_outputs_as_pnnx_expects, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
+REWRITES = (fold_constant_shape_ops, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, lstm_outputs_as_pnnx_expects, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
             slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape)
 
 
