@@ -93,6 +93,11 @@ def load_model(path: Path) -> LoadedModel:
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"{path}: no such file")
+    try:
+        path.name.encode("utf-8")
+    except UnicodeEncodeError:  # the artifact, its C spec and JSON are named after the model
+        raise ModelError(f"{ascii(str(path))}: the file name is not valid UTF-8",
+                         hint="rename the model file (letters, digits, '-', '_')") from None
     size = path.stat().st_size
     if size > _PROTOBUF_LIMIT:
         raise ModelError(f"{path}: {size / 2**30:.1f} GiB in one file; an ONNX file holds at most 2 GiB",
@@ -119,6 +124,7 @@ def load_model(path: Path) -> LoadedModel:
         raise ModelError(f"{path}: the model with its external data is {proto.ByteSize() / 2**30:.1f} GiB; "
                          f"edgepack builds models up to 2 GiB")
     _check_opsets(proto, path)
+    _check_names(proto, path)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
@@ -132,6 +138,30 @@ def load_model(path: Path) -> LoadedModel:
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     return LoadedModel(path, proto, _value_specs(proto.graph.input, inits), _value_specs(proto.graph.output, set()),
                        opset)
+
+
+def _check_names(proto: onnx.ModelProto, path: Path) -> None:
+    """protobuf hands back a name that is not valid UTF-8 as bytes, which breaks everything after."""
+    def bad(graph):
+        for v in list(graph.input) + list(graph.output) + list(graph.value_info) + list(graph.initializer):
+            if not isinstance(v.name, str):
+                return "tensor", v.name
+        for node in graph.node:
+            for n in [node.name, node.op_type, node.domain, *node.input, *node.output]:
+                if not isinstance(n, str):
+                    return f"node {node.op_type!r}" if isinstance(node.op_type, str) else "node", n
+            for attr in node.attribute:
+                if not isinstance(attr.name, str):
+                    return "attribute", attr.name
+                for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    found = bad(g)
+                    if found:
+                        return found
+        return None
+    found = bad(proto.graph)
+    if found:
+        raise ModelError(f"{path}: a {found[0]} name is not valid UTF-8 ({found[1]!r}); ONNX names are UTF-8 text",
+                         hint="re-export the model with UTF-8 names")
 
 
 def _check_opsets(proto: onnx.ModelProto, path: Path) -> None:

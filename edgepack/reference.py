@@ -45,6 +45,8 @@ def random_inputs(specs: tuple[TensorSpec, ...], seed: int) -> dict[str, np.ndar
             out[s.name] = rng.integers(0, 256, shape).astype(np.uint8)
         else:
             out[s.name] = rng.integers(0, 10, shape).astype(s.dtype)
+        # a 0-d input (Gemm's scalar bias) comes back from numpy as a scalar, not an array
+        out[s.name] = np.asarray(out[s.name], dtype=s.dtype)
     return out
 
 
@@ -106,7 +108,8 @@ def realistic_inputs(specs: tuple[TensorSpec, ...], seed: int, prepost: dict | N
             t = np.linspace(0, 1, shape[-1] if shape else 1)
             sig = sum(rng.uniform(0.1, 0.4) * np.sin(2 * np.pi * (rng.uniform(1, 8) * t + rng.uniform(0, 1)))
                       for _ in range(3))
-            out[s.name] = np.broadcast_to(np.clip(sig, -1, 1), shape).astype(s.dtype).copy()
+            sig = np.clip(sig, -1, 1)
+            out[s.name] = np.asarray(np.broadcast_to(sig, shape) if shape else sig[0], dtype=s.dtype).copy()
     return out
 
 
