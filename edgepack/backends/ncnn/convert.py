@@ -17,6 +17,7 @@ from ...cache import cache_root, key_of, locked, sha256_bytes
 from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
+from .rewrite import VERSION as REWRITE_VERSION
 from .rewrite import rewrite_for_ncnn
 
 PNNX_VERSION = "20261020"
@@ -93,7 +94,8 @@ def _io_from_pyscript(py: str, n_in: int, n_out: int):
 def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     import ncnn  # the Python wheel: the converted model's independent check
     blob = model.proto.SerializeToString()
-    key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 2})
+    key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 2,
+                  "rewrites": REWRITE_VERSION})
     root = cache_root() / "ncnn-models" / key
     with locked(cache_root() / "locks" / f"ncnn-model-{key}.lock"):
         meta_path = root / "convert.json"

@@ -17,7 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-INT64_MAX = np.iinfo(np.int64).max
+# Part of the NCNN conversion cache key: bump when a rewrite's output changes.
+VERSION = 1
 
 
 class _Graph:
