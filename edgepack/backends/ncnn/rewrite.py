@@ -2,12 +2,15 @@
 
 pnnx tracks one batch axis per tensor and gives up on layers that move or cut across it: a
 Transpose that puts the batch axis second followed by a Slice/Squeeze/Gather (SVTR attention's
-qkv split), a Reshape that drops a unit axis that pnnx takes for the batch (CRNN heads), and
-strided slices (YOLOX's Focus). Those stay as `Tensor.reshape`/`Tensor.slice`/`torch.unbind`
-layers that ncnn cannot load. With every input shape fixed and batch 1, each of these has an
-equivalent form pnnx does convert. Every function here is a pure graph -> graph step on a
-static-shape model; `rewrite_for_ncnn` applies them all and says which fired. Numerics are
-unchanged (moves of unit axes and one-hot convolutions are exact).
+qkv split), a Reshape that drops a unit axis pnnx takes for the batch (CRNN heads), strided
+slices (YOLOX's Focus). Those stay as `Tensor.reshape`/`Tensor.slice`/`torch.unbind` layers that
+ncnn cannot load. pnnx also maps an ONNX LSTM to ncnn's only in the exact form torch exports.
+With every input shape fixed and batch 1, each of these has an equivalent form pnnx converts.
+
+Each rewrite changes a static-shape model in place and returns how often it fired;
+`rewrite_for_ncnn` applies them all to a copy. Values are unchanged: the rewrites move unit axes,
+reorder slicing and transposing, or pick pixels with one-hot convolutions (tests/test_rewrite.py
+checks each against onnxruntime, bit for bit).
 """
 from __future__ import annotations
 
