@@ -72,3 +72,108 @@ def test_realistic_inputs_are_smooth_images_in_range():
     assert np.abs(x["audio"]).max() <= 1.0
     assert x["ids"].dtype == np.int64
     assert np.array_equal(realistic_inputs(specs, 7, pre)["image"], img)  # seeded
+
+
+# ---- real builds ------------------------------------------------------------------------------
+
+from conftest import run_edgepack  # noqa: E402
+
+
+def _cancelling_convs(path, r=0.03):
+    """y = conv(x, W) - conv(x, W + r*N): the output is a small difference of large terms, so
+    rounding W to fp16 (relative 5e-4) moves it by ~1.1% of its scale; fp32 is exact to ~1e-7."""
+    import onnx
+    from onnx import TensorProto as T, helper, numpy_helper
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((8, 8, 1, 1)).astype(np.float32)
+    w2 = (w + r * rng.standard_normal(w.shape)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"]), helper.make_node("Conv", ["x", "w2"], ["b"]),
+             helper.make_node("Sub", ["a", "b"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 8, 16, 16])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, 8, 16, 16])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_fp16_build_off_by_more_than_one_percent_ends_on_fp32(tmp_path):
+    model = _cancelling_convs(tmp_path / "cancel.onnx")
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", "--out",
+                        str(tmp_path / "dist"), "--json", timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)["results"][0]
+    assert res["ok"] and res["backend"] == "ncnn" and res["precision"] == "fp32", res
+    (rung,) = res["precision_rejected"]
+    assert rung["precision"] == "fp16-storage" and rung["backend"] == "ncnn"
+    assert rung["rel_err"] > 0.01, rung              # measured on the artifact, and recorded
+    assert res["rel_err"] < 1e-4 and set(res["per_cpu"]) == {"native", "Haswell-noTSX"}
+    manifest = json.loads((tmp_path / "dist" / "cancel-x86_64.json").read_text())
+    assert manifest["precision_rung"] == "fp32" and manifest["build"]["precision"] == "fp32"
+    choice = manifest["precision_choice"]
+    assert choice["allowed"] == "fp16" and choice["kept"] == "fp32"
+    assert choice["rejected"][0]["checks"][0]["outputs"][0]["rel_err"] > 0.01
+    assert manifest["build"]["options"]["ncnn.fp32"] == "1"
+    # --fp32: never fp16, nothing to reject
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", "--fp32", "--out",
+                        str(tmp_path / "dist32"), "--json", timeout=1800)
+    res32 = json.loads(proc.stdout)["results"][0]
+    assert res32["ok"] and res32["precision"] == "fp32" and res32["precision_rejected"] == []
+
+
+def test_arm64_artifact_verified_without_and_with_fp16_arithmetic(tiny_artifacts):
+    m = json.loads(tiny_artifacts["arm64"].with_name("tiny_cnn-arm64.json").read_text())
+    v = m["verification"]
+    assert list(v["per_cpu"]) == ["cortex-a53", "max"]
+    assert {(c["cpu"], c["input"]) for c in v["checks"]} == {
+        (cpu, inp) for cpu in ("cortex-a53", "max") for inp in ("random", "realistic")}
+    assert all(c["ok"] for c in v["checks"]) and set(v["selftests"]) == {"cortex-a53", "max"}
+    assert v["rel_err"] <= v["policy"]["rtol"] and v["policy"] == {"atol": 1e-5, "rtol": 5e-3, "min_cosine": 0.999}
+    kept = m["precision_choice"]["kept"]
+    assert kept in ("fp16-arith", "fp16-storage", "fp32") and m["precision_rung"] == kept
+    # what was kept is what the engine does: fp16 arithmetic only when that rung verified
+    assert m["backend"]["fp16_arithmetic"] == (kept == "fp16-arith")
+    assert [r["precision"] for r in m["precision_choice"]["rejected"]] == \
+        ["fp16-arith", "fp16-storage", "fp32"][:["fp16-arith", "fp16-storage", "fp32"].index(kept)]
+    x86 = json.loads(tiny_artifacts["x86_64"].with_name("tiny_cnn-x86_64.json").read_text())
+    assert list(x86["verification"]["per_cpu"]) == ["native", "Haswell-noTSX"]
+
+
+def test_verification_rejects_a_perturbed_reference(tiny_artifacts, tiny_cnn, tmp_path):
+    """The real artifact against onnxruntime's answer scaled by 1.02: verification must fail."""
+    from edgepack.errors import VerificationError
+    from edgepack.pipeline import BuildOptions, prepare, verify
+    from edgepack.targets import TargetMatrix
+    prep = prepare(tiny_cnn, BuildOptions())
+    target = TargetMatrix.load().get("x86_64")
+    honest = verify(tiny_artifacts["x86_64"], target, prep, POLICY, tmp_path / "ok")
+    assert honest.ok and honest.rel_err < POLICY.rtol
+    prep.__dict__["verify_cases"] = {k: (x, {n: v * np.float32(1.02) for n, v in ref.items()})
+                                    for k, (x, ref) in prep.verify_cases.items()}
+    with pytest.raises(VerificationError) as e:
+        verify(tiny_artifacts["x86_64"], target, prep, POLICY, tmp_path / "bad")
+    assert "of its scale" in e.value.message and e.value.checks and not e.value.checks[-1].ok
+
+
+def test_selftest_rejects_a_perturbed_golden_output(tiny_artifacts, tiny_cnn, tmp_path):
+    """The same artifact with its embedded golden output scaled by 1.02: its own selftest fails."""
+    import io
+    import subprocess
+    from edgepack.pipeline import BuildOptions, prepare
+    prep = prepare(tiny_cnn, BuildOptions())
+    (golden,) = prep.golden_outputs.values()
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(golden), allow_pickle=False)
+    want = buf.getvalue()
+    data = tiny_artifacts["x86_64"].read_bytes()
+    assert data.count(want) == 1
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(golden * np.float32(1.02)), allow_pickle=False)
+    bad = tmp_path / "perturbed"
+    bad.write_bytes(data.replace(want, buf.getvalue()))
+    bad.chmod(0o755)
+    ok = subprocess.run([str(tiny_artifacts["x86_64"]), "selftest", "--runs", "1"], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.startswith("PASS"), ok.stdout + ok.stderr
+    st = subprocess.run([str(bad), "selftest", "--runs", "1"], capture_output=True, text=True, timeout=120)
+    assert st.returncode != 0 and st.stdout.startswith("FAIL"), st.stdout + st.stderr
