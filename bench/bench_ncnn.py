@@ -60,11 +60,13 @@ def bench_options(models: dict[str, Path], threads: int, runs: int, rounds: int 
     import ncnn
     sys.path.insert(0, str(REPO))
     from edgepack.backends.ncnn.convert import convert
-    from edgepack.model import load_model
+    from edgepack.model import fix_input_shapes, load_model
     print(f"ncnn {ncnn.__version__} (Python wheel), {threads} thread(s), median ms of {rounds} rounds x {runs // rounds} runs")
     print(f"{'model':20} " + " ".join(f"{k:>16}" for k in OPTION_VARIANTS))
     for name, path in models.items():
-        conv = convert(load_model(path), "fp16", log=lambda *_: None)
+        m = load_model(path)
+        m = fix_input_shapes(m, {i.name: tuple(int(d) if str(d).isdigit() else 1 for d in i.shape) for i in m.inputs})
+        conv = convert(m, "fp16", log=lambda *_: None)
         nets = {}
         for label, flags in OPTION_VARIANTS.items():
             net = ncnn.Net()

@@ -52,13 +52,20 @@ def reference(tiny_cnn, tmp_path_factory):
 
 
 def test_configure_check_catches_a_dropped_variant():
-    from edgepack.backends.ncnn.library import check_x86_archive, check_x86_configure
-    opts = {"NCNN_AVX512": "ON", "NCNN_AVX2": "ON", "NCNN_AVX512VNNI": "OFF"}
-    ok = "NCNN_COMPILER_SUPPORT_X86_AVX512:INTERNAL=1\nNCNN_COMPILER_SUPPORT_X86_AVX2:INTERNAL=1\nNCNN_AVX512:BOOL=ON\n"
-    assert not [d for d in check_x86_configure(ok, opts) if "AVX512" in d or "AVX2" in d]
-    probe_failed = "NCNN_COMPILER_SUPPORT_X86_AVX512:INTERNAL=\nNCNN_COMPILER_SUPPORT_X86_AVX2:INTERNAL=1\n"
-    assert any(d.startswith("NCNN_AVX512 ") for d in check_x86_configure(probe_failed, opts))
-    assert check_x86_archive(["convolution_x86_avx2.cpp.o"], opts) == ["NCNN_AVX512"]
+    from edgepack.backends.ncnn.library import check_x86_archive, check_x86_configure, library_options
+    from edgepack.targets import TargetMatrix
+    opts = library_options(TargetMatrix.load().get("x86_64"))
+    probes = ["AVX", "FMA", "F16C", "AVX2", "AVX512"]
+    ok = "".join(f"NCNN_COMPILER_SUPPORT_X86_{p}:INTERNAL=1\n" for p in probes) + "NCNN_AVX512:BOOL=ON\n"
+    assert check_x86_configure(ok, opts) == []
+    probe_failed = ok.replace("X86_AVX512:INTERNAL=1", "X86_AVX512:INTERNAL=")
+    assert check_x86_configure(probe_failed, opts) == ["NCNN_AVX512 (zig's clang failed ncnn's probe "
+                                                       "NCNN_COMPILER_SUPPORT_X86_AVX512)"]
+    assert check_x86_configure(ok.replace("NCNN_AVX512:BOOL=ON", "NCNN_AVX512:BOOL=OFF"), opts) == [
+        "NCNN_AVX512 (configure left it OFF)"]
+    have = ["convolution_x86_avx.cpp.o", "convolution_x86_fma.cpp.o", "convolution_x86_avx2.cpp.o"]
+    assert check_x86_archive(have, opts) == ["NCNN_AVX512"]
+    assert check_x86_archive(have + ["convolution_x86_avx512.cpp.o"], opts) == []
 
 
 def test_libncnn_x86_64_carries_avx512_kernels():
