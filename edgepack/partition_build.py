@@ -6,11 +6,13 @@ puts NCNN on what it supports and TVM on the rest. The whole artifact is verifie
 against onnxruntime, like any other build.
 
 Linking two engines: one libncnn, with one layer registry pruned to the union of every NCNN
-segment's layers (two pruned registries would define the same symbols); one TVM runtime. The
-first TVM segment is compiled as usual (ISA copies, tuning database); any later TVM segment gets
-its own system-lib prefix ``edgepack_seg<k>_`` (its kernels and bytecode register under it, so two
-segments' kernels never meet) and no ISA copies (a prefixed ISA copy would fall back to the first
-segment's unprefixed kernels). A segment with TopK takes the unprefixed place (see compile_segments).
+segment's layers (two pruned registries would define the same symbols); one TVM runtime. One TVM
+segment is unprefixed and compiled as usual (x86-64 ISA copies, tuning database); every other TVM
+segment gets its own system-lib prefix ``edgepack_seg<k>_`` (its kernels and bytecode register
+under it, so two segments' kernels never meet) and no ISA copies (a prefixed ISA copy would fall
+back to the unprefixed segment's kernels). TVM 0.27 cannot compile TopK's sort call under any
+prefix (its AttachGlobalSymbol pass fails), so a TopK segment takes the unprefixed place, without
+ISA copies.
 """
 from __future__ import annotations
 
@@ -47,12 +49,14 @@ def plan_for(model, target: Target) -> Plan | None:
     return p if p.is_split else None
 
 
-def _compile_tvm_prefixed(model, target: Target, workdir: Path, prefix: str, log) -> EngineBuild:
-    """A TVM segment after the first: kernels + bytecode under ``prefix``, no ISA copies."""
+def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: Toolchain, log) -> EngineBuild:
+    """A TVM segment without ISA copies: under ``prefix`` (kernels and bytecode register under
+    it), or unprefixed where the ISA copies cannot be built (TopK, see PREFIX_UNSAFE_OPS)."""
     from .backends.tvm import compile as tc_mod
-    from .backends.tvm.runtime_lib import TVM_VERSION
+    from .backends.tvm.runtime_lib import TVM_VERSION, build_runtime
     from .backends.tvm.target_map import target_dict, tvm_target
     from .backends.tvm.tuning import find_database
+    from .resources import runtimes_dir
     db, why = find_database(model, target)
     log(f"tvm: {why}")
     with tc_mod.TVM_LOCK:
@@ -65,16 +69,21 @@ def _compile_tvm_prefixed(model, target: Target, workdir: Path, prefix: str, log
             mod = tc_mod.fuse(mod, tgt)
         except Exception as exc:
             raise EdgepackError(f"TVM could not compile segment {model.name}: {tc_mod._first_line(exc)}") from exc
-        ex = tc_mod._build(mod, tgt, db, prefix)
+        ex = tc_mod._build(mod, tgt, db, prefix or None)
         # the bytecode + weights object carries the prefix in its name too
         out = tc_mod._export(ex, workdir, "", {"lib0.o": "lib0.o", f"{prefix}devc.o": "devc.o"})
         out["devc.o"] = out.pop(f"{prefix}devc.o")
+    rt = build_runtime(target, tc, log=log)
+    options = {"tvm.entry": "main"} | ({"tvm.prefix": prefix} if prefix else {})
     return EngineBuild(
-        backend="tvm", sources=(), include_dirs=(), link_inputs=(out["lib0.o"], out["devc.o"]), model_blobs=(),
-        options={"tvm.entry": "main", "tvm.prefix": prefix}, tolerance=TOLERANCES["fp32"],
+        backend="tvm", sources=(runtimes_dir() / "tvm" / "ep_engine_tvm.cc",), include_dirs=rt.include_dirs,
+        link_inputs=(out["lib0.o"], out["devc.o"]),
+        link_flags=("-Wl,--whole-archive", *(str(a) for a in rt.archives), "-Wl,--no-whole-archive"),
+        model_blobs=(), options=options, tolerance=TOLERANCES["fp32"],
         manifest={"apache-tvm": TVM_VERSION, "target": target_dict(target), "prefix": prefix,
+                  "isa_levels": [{"level": target_dict(target)["mcpu"], "prefix": prefix}],
                   "tuned": db is not None, "compile_seconds": round(time.monotonic() - t0, 2)},
-        weight_bytes=tc_mod.data_section_bytes(out["devc.o"]))
+        notes=(f"tvm: {why}",), weight_bytes=tc_mod.data_section_bytes(out["devc.o"]))
 
 
 def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Path, tc: Toolchain,
@@ -90,7 +99,9 @@ def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Pa
         wd = workdir / f"seg{k}-{seg.backend}"
         seg_log = (lambda k: (lambda m: log(f"segment {k}: {m}")))(k)
         if seg.backend == "tvm" and k != plain:
-            builds.append(_compile_tvm_prefixed(sub, target, wd, f"edgepack_seg{k}_", seg_log))
+            builds.append(_compile_tvm_segment(sub, target, wd, f"edgepack_seg{k}_", tc, seg_log))
+        elif seg.backend == "tvm" and set(seg.ops) & PREFIX_UNSAFE_OPS:
+            builds.append(_compile_tvm_segment(sub, target, wd, "", tc, seg_log))  # no x86-64 ISA copies
         else:
             builds.append(get_backend(seg.backend).compile(CompileRequest(sub, target, precision, wd, tc, seg_log)))
     return builds, combine(p, builds, target, tc, log)
@@ -110,7 +121,7 @@ def combine(p: Plan, builds: list[EngineBuild], target: Target, tc: Toolchain, l
         includes += list(ncnn[0].include_dirs)
         link_inputs += [layer_obj, lib.lib]
     if tvm:
-        first = next(b for b in tvm if b.sources)
+        first = tvm[0]
         sources += list(first.sources)
         includes += list(first.include_dirs)
         link_flags += list(first.link_flags)
