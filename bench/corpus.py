@@ -201,6 +201,14 @@ def rows_for(entry: Entry, doc: dict, seconds: float) -> list[Row]:
     return rows
 
 
+def _commit() -> str:
+    """The edgepack commit measured, with "+dirty" when the working tree has changes."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True)
+    return (head.stdout.strip() or "unknown") + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def _fmt(v, spec: str, none: str = "-") -> str:
     return format(v, spec) if v is not None else none
 
@@ -261,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-arg", action="append", default=[], help="extra argument for edgepack build")
     ap.add_argument("--fetch", action="store_true", help="only download (and check) the models, then exit")
     ap.add_argument("--offline", action="store_true", help="use only models already in the cache")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the other models' rows already in --json (re-run a few models of a full run)")
     args = ap.parse_args(argv)
     entries = load_table()
     if args.list:
@@ -281,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="edgepack-corpus-"))
     out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
+    kept: list[Row] = []
+    if args.update and args.json.is_file():
+        names = {e.name for e in entries}
+        kept = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.loads(args.json.read_text())["rows"]
+                if r["model"] not in names]
+    order = [e.name for e in load_table()]
     for e in entries:
         model = fetch(e, log=lambda m: print(m, file=sys.stderr), offline=args.offline)
         print(f"[{e.name}] building for {args.targets}", file=sys.stderr, flush=True)
@@ -295,9 +311,12 @@ def main(argv: list[str] | None = None) -> int:
                     r.error = f"bench: {exc}"
             print(text_table([r]).splitlines()[1], file=sys.stderr, flush=True)
         rows += new
+        everything = sorted(kept + rows, key=lambda r: order.index(r.model) if r.model in order else len(order))
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"targets": args.targets, "runs": args.runs, "rounds": args.rounds,
-                                         "rows": [r.__dict__ | {"ratio": r.ratio} for r in rows]}, indent=1))
+                                         "edgepack_commit": _commit(),
+                                         "rows": [r.__dict__ | {"ratio": r.ratio} for r in everything]}, indent=1))
+    rows = sorted(kept + rows, key=lambda r: order.index(r.model) if r.model in order else len(order))
     print(markdown_table(rows) if args.markdown else text_table(rows))
     print("\n" + summary(rows))
     return 0 if all(r.ok for r in rows) else 1
