@@ -7,7 +7,7 @@ x86_64 the artifact's own `bench` against an onnxruntime InferenceSession on the
 in alternating rounds (so load on this shared machine hits both columns alike).
 
 Usage: python3 bench/corpus.py [--models a,b] [--targets x86_64,arm64] [--markdown] [--json FILE]
-       [--runs 20] [--rounds 3] [--no-bench] [--list] [--fetch] [--offline]
+       [--runs 20] [--rounds 3] [--no-bench] [--list] [--fetch] [--offline] [--update] [--report]
 """
 from __future__ import annotations
 
@@ -187,13 +187,13 @@ def rows_for(entry: Entry, doc: dict, seconds: float) -> list[Row]:
     for r in doc["results"]:
         row = Row(entry.name, entry.kind, r["target"], r["ok"], backend=r.get("backend"),
                   max_abs_err=r.get("max_abs_err"), bound=r.get("bound"), build_s=r.get("seconds"),
-                  size=r.get("size") or None, error=r.get("error"), file=r.get("file"),
+                  size=r.get("size") or None, error=r.get("error"), file=r.get("file"), precision=r.get("precision"),
                   skipped=[n[len("skipped: "):] for n in r.get("notes", []) if n.startswith("skipped: ")])
         if r["ok"] and r.get("file"):
             manifest = Path(r["file"] + ".json")
             if manifest.is_file():
                 m = json.loads(manifest.read_text())
-                row.precision = m.get("precision")
+                row.precision = row.precision or m.get("precision")
                 segs = m.get("backend", {}).get("segments")  # a partitioned build lists its segments
                 if segs:
                     row.backend = "+".join(s.get("backend", "?") for s in segs)
@@ -269,10 +269,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-arg", action="append", default=[], help="extra argument for edgepack build")
     ap.add_argument("--fetch", action="store_true", help="only download (and check) the models, then exit")
     ap.add_argument("--offline", action="store_true", help="use only models already in the cache")
+    ap.add_argument("--report", action="store_true", help="print the table of an existing --json, build nothing")
     ap.add_argument("--update", action="store_true",
                     help="keep the other models' rows already in --json (re-run a few models of a full run)")
     args = ap.parse_args(argv)
     entries = load_table()
+    if args.report:
+        doc = json.loads(args.json.read_text())
+        rows = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in doc["rows"]]
+        print(markdown_table(rows) if args.markdown else text_table(rows))
+        print(f"\n{summary(rows)} (edgepack {doc.get('edgepack_commit', '?')}, targets {doc['targets']}, "
+              f"1 thread, best of {doc['rounds']} rounds of {doc['runs']} runs)")
+        return 0
     if args.list:
         for e in entries:
             print(f"{e.name:18} {e.package}=={e.version}  {e.path}  ({e.kind})")
