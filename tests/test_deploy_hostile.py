@@ -157,8 +157,9 @@ def test_two_inventory_names_for_one_host(inv, dev, module_lab, arts, tmp_path):
 def _fake_lock(root, age_s: float):
     lock = root / LOCK
     lock.mkdir(parents=True)
-    (lock / "owner").write_text(f"host=ci-runner-7\npid=4242\ntoken=0123abcd\ndevice=cam-07\nop=deploy\n"
-                                f"time={int(time.time() - age_s)}\n")
+    (lock / "owner").write_text("host=ci-runner-7\npid=4242\ntoken=0123abcd\ndevice=cam-07\nop=deploy\n")
+    t = time.time() - age_s
+    os.utime(lock, (t, t))  # the lock's time is its folder's mtime
     return lock
 
 

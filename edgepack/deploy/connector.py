@@ -69,6 +69,16 @@ class Connector(ABC):
     def symlink(self, target: str, link: str) -> None: ...
 
     @abstractmethod
+    def read_bytes(self, remote: str, limit: int = 65536) -> bytes: ...
+
+    @abstractmethod
+    def remove(self, remote: str) -> None:
+        """unlink(2) a file or symlink."""
+
+    @abstractmethod
+    def rmdir(self, remote: str) -> None: ...
+
+    @abstractmethod
     def close(self) -> None: ...
 
     def __enter__(self):

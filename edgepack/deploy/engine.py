@@ -15,12 +15,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import DeployError, EdgepackError
+from ..errors import EdgepackError
 from . import lock, release
 from .artifact import ArtifactInfo
 from .connector import CommandTimeout, ConnectionLost, Connector, Progress, Unreachable
 from .device import Device
-from .probe import DeviceFacts, check_fits, dest_for, parse_probe, probe, probe_script
+from .probe import DeviceFacts, check_fits, dest_for, probe, refresh, state_script
 from .release import Links
 from .results import (DEPLOYED, FAILED, NO_CHANGE, OK, PASS, ROLLED_BACK, SKIPPED, UNREACHABLE,
                       DeviceResult)
@@ -88,14 +88,11 @@ def _refuse_layout(facts: DeviceFacts) -> None:
 
 @contextmanager
 def _locked(conn: Connector, device: Device, dest: str, opts: Options, op: str, run: _Run):
-    """Hold DEST's lock and re-probe in the same round trip: act on what is there now, not on what
+    """Hold DEST's lock and look again in the same round trip: act on what is there now, not on what
     was there before another run finished."""
     with lock.held(conn, dest, device=device.name, op=op, wait=opts.lock_wait, stale_after=opts.lock_stale,
-                   then=probe_script(dest)) as out:
-        facts = parse_probe(out)
-        if not facts.dest:
-            raise DeployError(f"{device.name}: the device's shell did not answer the probe under the lock")
-        run.facts = facts
+                   then=state_script(dest, run.facts.current)) as out:
+        run.facts = facts = refresh(run.facts, out)
         _refuse_layout(facts)
         yield facts
 

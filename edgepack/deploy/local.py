@@ -43,6 +43,16 @@ class LocalConnector(Connector):
     def symlink(self, target: str, link: str) -> None:
         os.symlink(target, link)
 
+    def read_bytes(self, remote: str, limit: int = 65536) -> bytes:
+        with open(remote, "rb") as fh:
+            return fh.read(limit)
+
+    def remove(self, remote: str) -> None:
+        os.unlink(remote)
+
+    def rmdir(self, remote: str) -> None:
+        os.rmdir(remote)
+
     def close(self) -> None:
         pass
 

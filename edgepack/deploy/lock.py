@@ -1,6 +1,7 @@
 """One deploy or rollback at a time per install folder: a lock directory on the device.
 
-    DEST/.edgepack-lock/owner    host, pid, time (the device's clock), token, what and for which device
+    DEST/.edgepack-lock/owner    host, pid, token, what and for which device; its time is the folder's
+                                 mtime (the device's clock, set by mkdir: no extra process to read a clock)
 
 mkdir(2) is atomic on every filesystem a device has, so whoever creates the folder holds the lock; two
 edgepack runs (or two inventory names for one host in one run) then work one after the other instead of
@@ -54,12 +55,11 @@ def _me() -> dict[str, str]:
 class Holder:
     fields: dict
     now: int | None          # the device's clock when we looked
-    mtime: int | None        # the lock folder's mtime (an owner file may not be written yet)
+    mtime: int | None        # the lock folder's mtime: when it was taken
 
     @property
     def age(self) -> int | None:
-        t = self.fields.get("time") or (str(self.mtime) if self.mtime is not None else "")
-        return self.now - int(t) if self.now is not None and t.isdigit() else None
+        return self.now - self.mtime if self.now is not None and self.mtime is not None else None
 
     def describe(self) -> str:
         f = self.fields
@@ -92,9 +92,9 @@ def _acquire_script(dest: str, owner: dict[str, str], then: str) -> str:
     q = shlex.quote
     lines = " ".join(q(f"{k}={v}") for k, v in owner.items() if "\n" not in v)
     return f"""D={q(dest)}; L="$D/{LOCK}"
-mkdir -p -- "$D" || exit 3
+[ -d "$D" ] || mkdir -p -- "$D" || exit 3
 if mkdir -- "$L" 2>/dev/null; then
-  printf '%s\\n' {lines} "time=$(date +%s)" > "$L/owner.tmp" && mv -f -- "$L/owner.tmp" "$L/owner"
+  printf '%s\\n' {lines} > "$L/owner"
   echo "@locked"
 {then}
 else
@@ -172,16 +172,18 @@ def _acquire(conn: Connector, dest: str, owner: dict, then: str, wait: float, de
     raise LockHeld(f"{dest}: could not take the lock")  # unreachable in practice
 
 
-def release(conn: Connector, dest: str, token: str, timeout: float = 30) -> None:
-    """Remove the lock if it is still ours. Never raises: a lost connection leaves it to the stale rule."""
+def release(conn: Connector, dest: str, token: str) -> None:
+    """Remove the lock if it is still ours, with SFTP requests only (no remote process: on a slow board
+    every process costs). Never raises: a lost connection leaves the lock to the stale rule."""
     with _held_guard:
         _held.discard(token)
-    q = shlex.quote
+    lock_dir = f"{dest}/{LOCK}"
     try:
-        conn.run(f"""L={q(dest + '/' + LOCK)}; t=""
-[ -f "$L/owner" ] && while IFS='=' read -r k v; do [ "$k" = token ] && t="$v"; done < "$L/owner"
-[ "$t" = {q(token)} ] && rm -rf -- "$L"
-true""", timeout)
+        owner = conn.read_bytes(f"{lock_dir}/owner").decode(errors="replace")
+        if f"token={token}" not in owner.splitlines():
+            return  # taken over meanwhile (we were judged stale): that lock is someone else's now
+        conn.remove(f"{lock_dir}/owner")
+        conn.rmdir(lock_dir)
     except Exception:  # noqa: BLE001 - the deploy's own result matters more than the cleanup
         pass
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import DeployError
 from .artifact import ArtifactInfo
@@ -62,12 +62,39 @@ def shell_path(path: str) -> str:
     return shlex.quote(path)
 
 
+_FILES = "@files"   # the last section: NUL-terminated "<sha256> <name>" records, any name survives
+
+
+def _state(expect_current: str | None = None) -> str:
+    """What a deploy changes: links, releases, and the hash of each file in current (skipped, with
+    @same_current, when current still points at ``expect_current``)."""
+    same = "" if expect_current is None else \
+        f'if [ "$c" = {shlex.quote(expect_current)} ]; then echo "@same_current"; exit 0; fi\n'
+    return f"""c=""
+[ -d "$D/releases" ] && echo "@has_releases 1"
+[ -L "$D/current" ] && c=$(readlink "$D/current") && echo "@current $c"
+[ -L "$D/previous" ] && echo "@previous $(readlink "$D/previous")"
+for r in "$D"/releases/*/ "$D"/releases/.incoming-*/; do
+  r="${{r%/}}"; r="${{r##*/}}"
+  case "$r" in *[!0-9a-z.-]*) continue;; esac
+  [ -d "$D/releases/$r" ] && echo "@release $r"
+done 2>/dev/null
+[ -L "$D/releases" ] && echo "@releases_link $(readlink "$D/releases")"
+{same}echo "{_FILES}"
+for f in "$D"/current/*; do
+  [ -f "$f" ] && [ ! -L "$f" ] && [ "${{f##*/}}" != release.json ] || continue
+  h=$(sha256sum < "$f") && printf '%s %s\\000' "${{h%% *}}" "${{f##*/}}"
+done 2>/dev/null
+exit 0
+"""
+
+
 def probe_script(dest: str) -> str:
     # Only release names edgepack could have made are listed (a foreign name with a newline must not
     # forge probe lines). Files are hashed from stdin because sha256sum escapes names holding a backslash
-    # or a newline in its own output; names travel hex-encoded, so any byte in a file name survives.
+    # or a newline in its own output; names travel NUL-terminated, so any byte in a file name survives.
     # Few processes on purpose: on slow boards (and under qemu) every fork+exec costs tens of ms, so
-    # shell builtins (read, parameter expansion) do what head/grep/sed/dirname would.
+    # shell builtins (read, parameter expansion) do what head/grep/sed/dirname/od would.
     return f"""D={shell_path(dest)}
 echo "@arch $(uname -m)"
 echo "@glibc $(getconf GNU_LIBC_VERSION 2>/dev/null || ldd --version 2>&1)"
@@ -83,25 +110,27 @@ done 2>/dev/null
 d="$D"; n=0
 while [ ! -d "$d" ] && [ "$n" -lt 64 ]; do d="${{d%/*}}"; d="${{d:-/}}"; n=$((n + 1)); done
 df -Pk "$d" 2>/dev/null | {{ last=""; while read -r l; do last="$l"; done; echo "@df $last"; }}
-[ -d "$D/releases" ] && echo "@has_releases 1"
-[ -L "$D/current" ] && echo "@current $(readlink "$D/current")"
-[ -L "$D/previous" ] && echo "@previous $(readlink "$D/previous")"
-for r in "$D"/releases/*/ "$D"/releases/.incoming-*/; do
-  r="${{r%/}}"; r="${{r##*/}}"
-  case "$r" in *[!0-9a-z.-]*) continue;; esac
-  [ -d "$D/releases/$r" ] && echo "@release $r"
-done 2>/dev/null
-[ -L "$D/releases" ] && echo "@releases_link $(readlink "$D/releases")"
-for f in "$D"/current/*; do
-  [ -f "$f" ] && [ ! -L "$f" ] && [ "${{f##*/}}" != release.json ] || continue
-  h=$(sha256sum < "$f") && echo "@fileh ${{h%% *}} $(printf %s "${{f##*/}}" | od -An -v -tx1 | tr -d ' \n')"
-done 2>/dev/null
-true
-"""
+""" + _state()
+
+
+def state_script(dest: str, expect_current: str | None) -> str:
+    """The part of the probe a deploy changes, for a second look under the lock (on a slow board the
+    full probe costs seconds); the files are hashed again only when `current` moved meanwhile."""
+    return f"D={shell_path(dest)}\n" + _state(expect_current or "")
+
+
+def refresh(facts: DeviceFacts, text: str) -> DeviceFacts:
+    """``facts`` updated with what :func:`state_script` printed."""
+    st = parse_probe(text)
+    return replace(facts, current=st.current, previous=st.previous, releases=st.releases,
+                   has_releases=st.has_releases, releases_link=st.releases_link,
+                   files=facts.files if "@same_current" in text.split("\n") else st.files)
 
 
 def parse_probe(text: str) -> DeviceFacts:
     vals: dict[str, list[str]] = {}
+    text, _, records = text.partition(f"\n{_FILES}\n") if not text.startswith(f"{_FILES}\n") \
+        else ("", "", text[len(_FILES) + 1:])
     for line in text.splitlines():
         if line.startswith("@"):
             key, _, rest = line[1:].partition(" ")
@@ -123,10 +152,10 @@ def parse_probe(text: str) -> DeviceFacts:
         sha, _, name = f.partition("  ")
         if re.fullmatch(r"[0-9a-f]{64}", sha):
             files.append((name, sha))
-    for f in vals.get("fileh", []):
-        sha, _, hexname = f.partition(" ")
-        if re.fullmatch(r"[0-9a-f]{64}", sha) and re.fullmatch(r"(?:[0-9a-f]{2})+", hexname):
-            files.append((bytes.fromhex(hexname).decode("utf-8", "surrogateescape"), sha))
+    for rec in records.split("\0"):
+        sha, _, name = rec.partition(" ")
+        if re.fullmatch(r"[0-9a-f]{64}", sha) and name:
+            files.append((name, sha))
     return DeviceFacts(uname=uname, arch=_ARCH_ALIASES.get(uname, uname), glibc=m.group(1) if m else None,
                        emulates=tuple(emulates), home=one("home"), dest=one("dest"), free_bytes=free,
                        current=one("current") or None, previous=one("previous") or None, files=tuple(files),

@@ -245,6 +245,18 @@ class SSHConnector(Connector):
     def symlink(self, target: str, link: str) -> None:
         self._sftp_call("linking", self.sftp().symlink, target, link)
 
+    def read_bytes(self, remote: str, limit: int = 65536) -> bytes:
+        def read():
+            with self.sftp().open(remote, "rb") as fh:
+                return fh.read(limit)
+        return self._sftp_call("reading", read)
+
+    def remove(self, remote: str) -> None:
+        self._sftp_call("removing a file", self.sftp().remove, remote)
+
+    def rmdir(self, remote: str) -> None:
+        self._sftp_call("removing a folder", self.sftp().rmdir, remote)
+
     def close(self) -> None:
         try:
             if self._sftp is not None:
