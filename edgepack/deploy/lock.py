@@ -149,7 +149,8 @@ def acquire(conn: Connector, dest: str, *, device: str, op: str, wait: float, st
 
 def _acquire(conn: Connector, dest: str, owner: dict, then: str, wait: float, deadline: float,
              stale_after: float, timeout: float) -> str:
-    for attempt in range(100000):  # bounded by `deadline` (and, absurdly, by the count)
+    takeovers = 0
+    for attempt in range(100000):  # bounded by `deadline` and the take-over count
         res = conn.run(_acquire_script(dest, owner, then), timeout)
         if "@locked" in res.stdout:
             return res.stdout
@@ -158,6 +159,10 @@ def _acquire(conn: Connector, dest: str, owner: dict, then: str, wait: float, de
                               hint="pick a writable --dest (or `dest` in the inventory)")
         holder = _parse_held(res.stdout)
         if holder.stale(stale_after):
+            takeovers += 1
+            if takeovers > 3:
+                raise LockHeld(f"{dest}/{LOCK} is stale ({holder.describe()}) but could not be removed",
+                               hint=f"remove {dest}/{LOCK} on the device (check the folder's permissions)")
             _take_over(conn, dest, holder, timeout)
             continue
         left = deadline - time.monotonic()
