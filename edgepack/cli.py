@@ -45,7 +45,8 @@ def _target_dirs(dirs):
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
 @click.option("--backend", default="auto", show_default=True, help="ncnn, tvm or auto.")
 @click.option("--fp16/--fp32", "fp16", default=True, show_default=True,
-              help="fp16 weights (and fp16 math on CPUs that have it) or full fp32.")
+              help="--fp16: fp16 allowed, the first of fp16 arithmetic / fp16 storage / fp32 that verifies on "
+                   "every CPU is kept; --fp32: never fp16.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
               help="Fix symbolic input dims.")
 @click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path),
