@@ -82,9 +82,16 @@ def all_backends() -> dict[str, Backend]:
     return dict(_REGISTRY)
 
 
+_LOADED = False
+
+
 def _load_builtin() -> None:
-    if _REGISTRY:
+    # not "if _REGISTRY": importing edgepack.backends.ncnn.<module> first registers NCNN alone,
+    # and TVM would then never load in that process
+    global _LOADED
+    if _LOADED:
         return
+    _LOADED = True
     from . import ncnn  # noqa: F401  (registers itself)
     try:
         from . import tvm  # noqa: F401
