@@ -387,3 +387,17 @@ def test_inspect_shows_the_plan(tmp_path):
     assert report["targets"]["x86_64"].startswith("builds partitioned: ncnn[")
     text = run_edgepack("inspect", str(model))
     assert "plan segment 1: tvm <- TopK" in text.stdout
+
+
+def test_auto_offers_the_split_only_when_ncnn_lacks_an_op(tmp_path):
+    from edgepack.partition_build import SPLIT, with_split
+    from edgepack.pipeline import backend_candidates
+    from edgepack.targets import TargetMatrix
+    target = TargetMatrix.load().get("arm64")
+    split = simplify(load_model(conv_topk_conv(tmp_path / "s.onnx")))
+    cands = with_split(backend_candidates(split, target, "auto"), split, target, "auto")
+    assert [n for n, _ in cands] == ["ncnn", SPLIT, "tvm"] and cands[1][1] is None
+    assert [n for n, _ in with_split(backend_candidates(split, target, "tvm"), split, target, "tvm")] == ["tvm"]
+    # NCNN refused nothing: it is tried on the whole graph, no split offered
+    assert with_split([("ncnn", None), ("tvm", None)], split, target, "auto") == [("ncnn", None), ("tvm", None)]
+    assert with_split([], split, target, SPLIT) == [(SPLIT, None)]  # verify-build of a split artifact
