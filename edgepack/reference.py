@@ -132,7 +132,7 @@ def run_onnxruntime(model: LoadedModel, inputs: dict[str, np.ndarray], what: str
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # its own error lines would print beside ours: we report the exception
     try:
         sess = ort.InferenceSession(model.proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/NotImplemented classes
@@ -144,8 +144,10 @@ def run_onnxruntime(model: LoadedModel, inputs: dict[str, np.ndarray], what: str
         raise ModelError(f"{model.path.name}: onnxruntime, the reference every build is checked against, "
                          f"cannot load it: {reason}", hint="re-export the model with a standard opset") from exc
     names = [o.name for o in sess.get_outputs()]
+    run_opts = ort.RunOptions()
+    run_opts.log_severity_level = 4
     try:
-        return dict(zip(names, sess.run(names, inputs)))
+        return dict(zip(names, sess.run(names, inputs, run_opts)))
     except Exception as exc:
         raise ModelError(f"{model.path.name}: onnxruntime, the reference, fails on a {what} input "
                          f"({', '.join(f'{k} {v.dtype}{list(v.shape)}' for k, v in inputs.items())}): "
