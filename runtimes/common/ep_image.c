@@ -9,6 +9,7 @@
  * decode, with every allocation zeroed and capped by what that image can legitimately need. */
 #include "ep_server.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -221,8 +222,12 @@ int ep_image_check(const unsigned char *b, size_t len, int *w, int *h, ep_status
     if (len >= 8 && memcmp(b, "\x89PNG\r\n\x1a\n", 8) == 0) rc = check_png(b, len, w, h, st);
     else if (len >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) rc = check_jpeg(b, len, w, h, st);
     else if (len >= 2 && b[0] == 'P' && (b[1] == '5' || b[1] == '6')) rc = check_pnm(b, len, w, h, st);
-    else return ep_fail(st, EP_ERR_INPUT, "not a PNG, JPEG or binary PGM/PPM image");
-    if (rc) return rc;
+    else return ep_fail(st, EP_ERR_INPUT, "cannot decode the image: not a PNG, JPEG or binary PGM/PPM image");
+    if (rc) {
+        char why[sizeof st->message];
+        snprintf(why, sizeof why, "%s", st->message);
+        return ep_fail(st, EP_ERR_INPUT, "cannot decode the image: %s", why);
+    }
     if ((uint64_t)*w * (uint64_t)*h > max_pixels)
         return ep_fail(st, EP_ERR_INPUT, "image is %dx%d = %llu pixels, over the limit of %llu (serve --max-pixels)",
                        *w, *h, (unsigned long long)*w * (unsigned long long)*h, (unsigned long long)max_pixels);
@@ -231,8 +236,8 @@ int ep_image_check(const unsigned char *b, size_t len, int *w, int *h, ep_status
     alloc_cap = decode_cap(*w, *h, len);
     int info = stbi_info_from_memory(b, (int)len, &sw, &sh, &sn), is16 = stbi_is_16_bit_from_memory(b, (int)len);
     alloc_cap = 0;
-    if (!info || sw != *w || sh != *h) return ep_fail(st, EP_ERR_INPUT, "inconsistent image header");
-    if (is16) return ep_fail(st, EP_ERR_INPUT, "16-bit images are not accepted: send an 8-bit image");
+    if (!info || sw != *w || sh != *h) return ep_fail(st, EP_ERR_INPUT, "cannot decode the image: inconsistent header");
+    if (is16) return ep_fail(st, EP_ERR_INPUT, "cannot decode the image: 16-bit images are not accepted");
     return EP_OK;
 }
 
@@ -248,7 +253,7 @@ int ep_image_decode(const unsigned char *buf, size_t len, int channels, ep_tenso
     if (!px) return ep_fail(st, EP_ERR_INPUT, "cannot decode the image (%s)", stbi_failure_reason());
     if (dw != w || dh != h) {
         stbi_image_free(px);
-        return ep_fail(st, EP_ERR_INPUT, "inconsistent image header");
+        return ep_fail(st, EP_ERR_INPUT, "cannot decode the image: inconsistent header");
     }
     int64_t shape[3] = {h, w, channels};
     rc = ep_tensor_alloc(out, EP_U8, 3, shape, st);
