@@ -161,7 +161,8 @@ static int assign_input(const char *arg, input_arg *out, ep_status *st) {
             return EP_OK;
         }
     }
-    if (ep_spec.n_inputs == 1 && (!first || access(arg, F_OK) == 0 || access(first + 1, F_OK) != 0)) {
+    int mistyped = first && access(arg, F_OK) != 0 && access(first + 1, F_OK) == 0;
+    if (ep_spec.n_inputs == 1 && !mistyped) {
         out->index = 0;
         out->path = arg;
         return EP_OK;
@@ -171,7 +172,7 @@ static int assign_input(const char *arg, input_arg *out, ep_status *st) {
         strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
         strncat(names, ep_spec.inputs[i].name, sizeof names - strlen(names) - 1);
     }
-    if (first)
+    if (mistyped)
         return ep_fail(st, EP_ERR_USAGE, "--input %s: no such input %.*s (the model's inputs: %s)", arg,
                        (int)(first - arg), arg, names);
     return ep_fail(st, EP_ERR_USAGE, "--input %s: the model has %d inputs, write NAME=FILE (its inputs: %s)", arg,
