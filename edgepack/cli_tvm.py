@@ -45,6 +45,7 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
     from .pipeline import BuildOptions, prepare
     from .targets import TargetMatrix
 
+    budget_s = parse_budget(budget)  # before any slow step: a typo fails at once
     target = TargetMatrix.load([Path(d) for d in targets_dir]).get(target_spec)
     if "tvm" not in target.backends:
         err_console.print(f"[yellow]note:[/yellow] target {target.name} does not list tvm among its backends")
@@ -54,7 +55,6 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
     def log(msg):
         err_console.print(f"[dim]{escape(msg)}[/dim]")
 
-    budget_s = parse_budget(budget)
     log(f"tuning {prep.model.name} for {target.name} (MetaSchedule): budget {budget_s:.0f} s"
         + (f", at most {trials} trials" if trials else ""))
     # MetaSchedule and its worker processes print progress on stdout (from C++ too): send fd 1 to
