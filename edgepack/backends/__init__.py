@@ -6,6 +6,7 @@ blobs to embed. Adding a backend = one module that calls ``register``.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -83,6 +84,7 @@ def all_backends() -> dict[str, Backend]:
 
 
 _LOADED = False
+_LOAD_LOCK = threading.RLock()  # targets build in threads: none may see a half-filled registry
 
 
 def _load_builtin() -> None:
@@ -91,7 +93,13 @@ def _load_builtin() -> None:
     global _LOADED
     if _LOADED:
         return
-    _LOADED = True
+    with _LOAD_LOCK:
+        if not _LOADED:
+            _import_builtin()
+            _LOADED = True
+
+
+def _import_builtin() -> None:
     from . import ncnn  # noqa: F401  (registers itself)
     try:
         from . import tvm  # noqa: F401
