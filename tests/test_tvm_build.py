@@ -4,7 +4,6 @@ TVM for ops NCNN lacks and NCNN for ops TVM lacks, saying why; a tuning round tr
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import numpy as np
