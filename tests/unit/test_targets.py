@@ -7,7 +7,15 @@ from edgepack.targets import TargetMatrix, parse_target
 from edgepack.triple import parse_triple
 from pathlib import Path
 
-from conftest import run_edgepack
+from edgepack.cli import main
+
+
+def _cli(capsys, *args) -> tuple[int, str, str]:
+    """edgepack's real entry point, in-process (the unit tier starts no processes)."""
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    cap = capsys.readouterr()
+    return exc.value.code, cap.out, cap.err
 
 
 @pytest.mark.parametrize("text,arch,abi,glibc", [
@@ -76,24 +84,24 @@ def test_target_validation_errors(data, needle):
     assert needle in str(e.value)
 
 
-def test_user_target_folder(tmp_path):
+def test_user_target_folder(tmp_path, capsys):
     (tmp_path / "rpi4.toml").write_text(
         'name = "rpi4"\ntriple = "aarch64-linux-musl"\ncpu = "cortex_a72"\nqemu_cpu = "cortex-a72"\n'
         'aliases = ["raspberrypi4"]\n')
     m = TargetMatrix.load([tmp_path])
     assert m.get("raspberrypi4").cpu == "cortex_a72"
-    proc = run_edgepack("targets", "--json", "--targets-dir", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    names = [t["name"] for t in json.loads(proc.stdout)]
+    code, out, err = _cli(capsys, "targets", "--json", "--targets-dir", str(tmp_path))
+    assert code == 0, err
+    names = [t["name"] for t in json.loads(out)]
     assert "rpi4" in names and "jetson-orin" in names
 
 
-def test_invalid_user_target_file_is_one_clear_line(tmp_path):
+def test_invalid_user_target_file_is_one_clear_line(tmp_path, capsys):
     (tmp_path / "bad.toml").write_text('name = "bad"\ntriple = "aarch64-linux-musl"\nqemu_cpu = "max"\nlink = "weird"\n')
-    proc = run_edgepack("targets", "--targets-dir", str(tmp_path))
-    assert proc.returncode == 3
-    assert "bad.toml" in proc.stderr and "link must be one of" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, _, err = _cli(capsys, "targets", "--targets-dir", str(tmp_path))
+    assert code == 3
+    assert "bad.toml" in err and "link must be one of" in err
+    assert "Traceback" not in err
 
 
 def test_builtin_targets_verify_on_every_cpu_kind_they_may_meet():
