@@ -1,7 +1,6 @@
 """Shared fixtures: real artifacts built once per test session (cached libncnn makes them fast)."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +34,15 @@ def tiny_artifacts(tiny_cnn, tmp_path_factory) -> dict[str, Path]:
                         "--out", str(dist), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {t: dist / f"tiny_cnn-{t}" for t in ("x86_64", "arm64")}
+
+
+def verify_cpus(target: str) -> tuple[str | None, ...]:
+    """The CPUs a target's artifacts are verified under, read from its target file (None: run natively),
+    so tests never repeat the qemu CPU models the matrix already names."""
+    from edgepack.targets import TargetMatrix
+    return tuple(None if c == "native" else c for c in TargetMatrix.load().get(target).verify_cpus)
+
+
+def first_cpu(target: str) -> str | None:
+    """The first (weakest) CPU a target promises: enough for tests that only need the artifact to run."""
+    return verify_cpus(target)[0]

@@ -9,13 +9,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from conftest import run_edgepack
+from conftest import first_cpu, run_edgepack
 from edgepack.elf import read_elf
 from edgepack.runner import command_for
 from models import mobilenet_v2_like, transformer_block
 
-QEMU_CPU = {"x86_64": None, "arm64": "cortex-a53", "android-arm64": "cortex-a53", "jetson-orin": "max",
-            "jetson-xavier": "max"}
+QEMU_CPU = {t: first_cpu(t) for t in ("x86_64", "arm64", "android-arm64", "jetson-orin", "jetson-xavier")}
 
 
 def _run(artifact, args, target, **kw):

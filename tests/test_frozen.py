@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -20,7 +19,8 @@ import pytest
 
 from edgepack.cache import cache_root, sha256_file
 
-from conftest import EXAMPLES, REPO
+from conftest import REPO, first_cpu
+from edgepack.runner import command_for
 
 SCHEMA = json.loads((REPO / "docs" / "build-result.schema.json").read_text())
 CLEAN_PATH = "/usr/bin:/bin"
@@ -115,8 +115,8 @@ def test_frozen_builds_and_verifies_x86_64_and_arm64(frozen, tiny_cnn, tiny_arti
         assert sha256_file(art) == r["sha256"]
         # the same bytes as the pip-installed edgepack's build of the same model
         assert r["sha256"] == sha256_file(tiny_artifacts[target]), target
-        cmd = [str(art), "selftest"] if target == "x86_64" else ["qemu-aarch64", "-cpu", "cortex-a53", str(art), "selftest"]
-        st = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        st = subprocess.run(command_for(art, first_cpu(target)) + ["selftest"], capture_output=True, text=True,
+                            timeout=600)
         assert st.returncode == 0 and st.stdout.startswith("PASS"), st.stdout + st.stderr
     # the tools archive (zig + pnnx) is unpacked once per cache, not per run
     info = json.loads((REPO / "build" / "pyinstaller" / "edgepack" / "tools" / "tools.json").read_text())

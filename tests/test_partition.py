@@ -268,10 +268,10 @@ def test_seq_engine_refuses_a_damaged_table(tmp_path):
 
 # ---- partitioned artifacts (real pnnx, TVM, zig, qemu) -----------------------------------------
 
-from conftest import run_edgepack  # noqa: E402
+from conftest import first_cpu, run_edgepack, verify_cpus  # noqa: E402
 from edgepack.runner import run_artifact  # noqa: E402
 
-ARM_CPUS = ("cortex-a53", "max")  # without and with fp16 arithmetic
+ARM_CPUS = verify_cpus("arm64")  # without and with fp16 arithmetic, as the target file says
 RUNTIME_BYTES_GOAL = 4_500_000    # issue 9: a partitioned arm64 artifact's runtime
 
 
@@ -354,11 +354,11 @@ def test_partitioned_artifact_runs_ncnn_then_tvm_then_ncnn(topk_split, target, t
     assert [s["backend"] for s in manifest["backend"]["segments"]] == ["ncnn", "tvm", "ncnn"]
     assert manifest["backend"]["segments"][1]["ops"] == ["TopK"]
     assert any("TopK" in r for r in manifest["backend_choice"]["skipped"])
-    info = run_artifact(art, ["info", "--json"], qemu_cpu="cortex-a53" if target == "arm64" else None)
+    info = run_artifact(art, ["info", "--json"], qemu_cpu=first_cpu(target))
     assert info.returncode == 0 and json.loads(info.stdout)["backend"]["name"] == "ncnn+tvm"
     _check_run(art, model, tmp_path, seed=42, cpus=ARM_CPUS if target == "arm64" else (None,))
     st = run_artifact(art, ["selftest", "--runs", "1", "--warmup", "0"],
-                      qemu_cpu="cortex-a53" if target == "arm64" else None)
+                      qemu_cpu=first_cpu(target))
     assert st.returncode == 0 and "PASS" in st.stdout, st.stdout + st.stderr
     if target == "arm64":
         runtime = res["runtime_bytes"]
@@ -375,7 +375,7 @@ def test_partitioned_artifact_with_two_tvm_segments(tmp_path):
         manifest = json.loads(art.with_name(art.name + ".json").read_text())
         assert [s["backend"] for s in manifest["backend"]["segments"]] == ["tvm", "ncnn", "tvm"]
         assert "LSTM" in manifest["backend"]["segments"][1]["ops"]
-        _check_run(art, model, tmp_path, seed=5, cpus=("cortex-a53",) if target == "arm64" else (None,))
+        _check_run(art, model, tmp_path, seed=5, cpus=(first_cpu(target),))
 
 
 def test_inspect_shows_the_plan(tmp_path):

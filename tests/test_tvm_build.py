@@ -12,12 +12,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import REPO, run_edgepack
+from conftest import REPO, first_cpu, run_edgepack
 from edgepack.errors import BuildError
 from edgepack.runner import command_for
 from models import topk_model
 
-QEMU_CPU = {"x86_64": None, "arm64": "cortex-a53"}
+QEMU_CPU = {t: first_cpu(t) for t in ("x86_64", "arm64")}
 RUNTIME_BYTES_GOAL = {"arm64": 3_000_000}
 
 
