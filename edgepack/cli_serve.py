@@ -11,7 +11,7 @@ import click
 import numpy as np
 
 from .cli import cli
-from .errors import UsageError
+from .errors import ArtifactError, EdgepackError, ModelError, UsageError
 
 
 def _answer(model, result: dict) -> dict:
@@ -47,14 +47,41 @@ def _csv_rows(path: Path) -> np.ndarray:
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="results file (.jsonl, or .csv for CSV in)")
 @click.option("--threads", type=int, default=1, show_default=True)
 def run(model, inputs, input_dir, output, threads):
-    """Run MODEL (an artifact or an .onnx file) on input files and print JSON."""
+    """Run MODEL (an artifact or an .onnx file) on input files and print JSON.
+
+    Exits like the artifact's own `run`, whichever MODEL is: 2 usage, 3 bad input, 4 model, 5 I/O.
+
+    \b
+    Examples:
+      edgepack run dist/model-x86_64 --input cat.png
+      edgepack run model.onnx --input image=x.npy --output out.jsonl
+      edgepack run dist/model-arm64 --input-dir photos/ --output results.jsonl
+    """
+    try:
+        _run(model, inputs, input_dir, output, threads)
+    except EdgepackError as exc:
+        exc.exit_code = _artifact_exit_code(exc)  # one exit-code table for ONNX and artifacts
+        raise
+
+
+def _artifact_exit_code(exc: EdgepackError) -> int:
+    from . import sdk
+    if isinstance(exc, (sdk.InputError, ArtifactError)) and not isinstance(exc, ModelError):
+        return 3 if isinstance(exc, sdk.InputError) else 4
+    if isinstance(exc, ModelError):
+        return 4
+    if isinstance(exc, UsageError) and ("no such file" in exc.message or "no such folder" in exc.message):
+        return 5
+    return 2 if isinstance(exc, UsageError) else exc.exit_code
+
+
+def _run(model, inputs, input_dir, output, threads):
     from . import sdk
     if not model.is_file():
         raise UsageError(f"{model}: no such file")
     if not inputs and not input_dir:
         raise UsageError("give --input FILE or --input-dir DIR")
     if model.read_bytes()[:4] == b"\x7fELF":
-        from .runner import command_for
         art = sdk.ArtifactModel(model, threads=threads)
         args = ["run", "--threads", str(threads)]
         for i in inputs:

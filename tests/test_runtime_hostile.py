@@ -302,13 +302,14 @@ def test_edgepack_run_on_onnx_keeps_results_and_fails_batches(tmp_path):
     old = tmp_path / "old.jsonl"
     old.write_text("precious\n")
     proc = run_edgepack("run", str(model), "--input-dir", str(tmp_path / "missing"), "--output", str(old))
-    assert proc.returncode == 2 and "no such folder" in proc.stderr and old.read_text() == "precious\n"
+    # the artifact's exit-code table for both kinds of MODEL: 5 is I/O (a missing folder), 3 bad input
+    assert proc.returncode == 5 and "no such folder" in proc.stderr and old.read_text() == "precious\n"
     inputs = tmp_path / "in"
     inputs.mkdir()
     np.save(inputs / "a.npy", np.zeros((1, 3, 64, 64), np.float32))
     np.save(inputs / "b.npy", np.zeros((64, 64, 3), np.float32))
     proc = run_edgepack("run", str(model), "--input-dir", str(inputs), "--output", str(old))
-    assert proc.returncode != 0 and "1 of 2 files failed" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 3 and "1 of 2 files failed" in proc.stderr and "Traceback" not in proc.stderr
     assert [json.loads(ln)["file"] for ln in old.read_text().splitlines()] == ["a.npy", "b.npy"]
     d = tmp_path / "a=b"
     d.mkdir()
