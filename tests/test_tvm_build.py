@@ -200,15 +200,25 @@ def test_tuning_accumulates_and_is_applied(tiny_cnn, tmp_path):
     assert second["trials"] <= TRIALS_PER_BATCH * (second["tasks"] - second["tasks_reused"]), second
     meta = json.loads((db / "meta.json").read_text())
     assert [m["tuned_before"] for m in meta["models"]] == [0, second["tasks_reused"]]
+    # --no-verify and a native check instead: qemu 7.2's TCG does not suppress faults on the
+    # masked-off lanes of VMASKMOVPS, and tuned AVX2 kernels use it at buffer edges, so the
+    # target's qemu Haswell verification crashes where real CPUs do not (see the report on issue 10)
     build, report = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--input-shape", shape,
-                           "--tuning-db", str(db), "--out", str(tmp_path / "dist"))
+                           "--tuning-db", str(db), "--out", str(tmp_path / "dist"), "--no-verify")
     assert build.returncode == 0 and report["ok"], build.stderr[-3000:]
     assert str(db) in build.stderr
     manifest = json.loads((tmp_path / "dist" / "tiny_cnn-x86_64.json").read_text())
     assert manifest["backend"]["tuned"] is True and manifest["backend"]["proxy_tuned"] is False
     done, total = manifest["backend"]["tuned_kernels"]
     assert 1 <= done <= total
-    assert manifest["verification"]["max_abs_err"] <= 1e-5
+    x = np.random.default_rng(5).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    proc = _run(tmp_path / "dist" / "tiny_cnn-x86_64", ["run", "--input", f"image={tmp_path / 'x.npy'}", "--output",
+                                                         str(tmp_path / "out")], "x86_64")
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(json.loads(proc.stdout)["outputs"]["logits"]["file"])
+    want = ort.InferenceSession(str(tiny_cnn), providers=["CPUExecutionProvider"]).run(["logits"], {"image": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_arm_tuning_is_labelled_proxy(tiny_cnn, tmp_path):
