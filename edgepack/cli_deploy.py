@@ -20,11 +20,11 @@ def device_options(fn):
         click.option("--device", "-d", "device_specs", multiple=True, metavar="NAME|user@host[:port]",
                      help="Device to act on; repeat or comma-separate."),
         click.option("--tag", "tags", multiple=True, help="Every inventory device carrying this tag."),
-        click.option("--inventory", "-i", type=click.Path(path_type=Path),
+        click.option("--inventory", "-I", type=click.Path(path_type=Path),
                      help="devices.toml (name, host, port, user, key, target, dest, tags)."),
         click.option("--dest", help="Install folder on the devices (default: inventory `dest`, else ~/edgepack)."),
-        click.option("--parallel", "-j", type=click.IntRange(1, 256), default=4, show_default=True,
-                     help="Devices worked on at once."),
+        click.option("--jobs", "--parallel", "-j", "parallel", type=click.IntRange(1, 256), default=4, show_default=True,
+                     help="Devices worked on at once (-j means jobs in every command)."),
         click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout."),
         click.option("--known-hosts", type=click.Path(path_type=Path),
                      help="known_hosts file (default: the inventory's, else ~/.ssh/known_hosts)."),
@@ -121,7 +121,7 @@ def devices_check(ctx, **kw):
 
 
 @devices.command("list")
-@click.option("--inventory", "-i", type=click.Path(path_type=Path), required=True)
+@click.option("--inventory", "-I", type=click.Path(path_type=Path), required=True)
 @click.option("--json", "as_json", is_flag=True)
 def devices_list(inventory, as_json):
     """Print the devices of an inventory (no connection is made)."""

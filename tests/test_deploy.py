@@ -15,7 +15,7 @@ from edgepack.deploy.artifact import inspect_artifact
 def _on_device_selftest(lab, dev, exe: str) -> bool:
     """The artifact's own verdict, asked directly over SSH (no edgepack code involved)."""
     import subprocess
-    p = subprocess.run(["ssh", "-i", str(lab.client_key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
+    p = subprocess.run(["ssh", "-I", str(lab.client_key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
                         "-o", "BatchMode=yes", "-p", str(dev.port), f"root@{dev.addr}", f"{exe} selftest"],
                        capture_output=True, text=True, timeout=300)
     return p.returncode == 0 and p.stdout.startswith("PASS")
@@ -28,12 +28,12 @@ def test_real_artifacts_deploy_and_smoke_on_all_device_kinds(lab, tiny_artifacts
     inv = lab.write_inventory()
     x86, arm = tiny_artifacts["x86_64"], tiny_artifacts["arm64"]
 
-    rc, data, err = edgepack_json("deploy", x86, "-i", inv, "--tag", "x86_64")
+    rc, data, err = edgepack_json("deploy", x86, "-I", inv, "--tag", "x86_64")
     assert rc == 0, err
     assert by_device(data)["pc"]["status"] == "deployed"
     assert by_device(data)["pc"]["latency_ms"] > 0
 
-    rc, data, err = edgepack_json("deploy", arm, "-i", inv, "-d", "pi")
+    rc, data, err = edgepack_json("deploy", arm, "-I", inv, "-d", "pi")
     assert rc == 0, err
     pi = by_device(data)["pi"]
     assert pi["status"] == "deployed" and pi["latency_ms"] > 0, pi
@@ -43,9 +43,9 @@ def test_real_artifacts_deploy_and_smoke_on_all_device_kinds(lab, tiny_artifacts
     # The Jetson-like device: a known-good version first (a stand-in), then the real artifact. Whatever
     # the artifact's own selftest says on that device decides: deployed, or rolled back to the stand-in.
     good = make_standin(tmp_path / "good", "arm64")
-    rc, data, err = edgepack_json("deploy", good, "-i", inv, "-d", "orin")
+    rc, data, err = edgepack_json("deploy", good, "-I", inv, "-d", "orin")
     assert rc == 0, err
-    rc, data, err = edgepack_json("deploy", arm, "-i", inv, "-d", "orin")
+    rc, data, err = edgepack_json("deploy", arm, "-I", inv, "-d", "orin")
     r = by_device(data)["orin"]
     assert r["arch"] == "aarch64" and r["glibc"] == "2.31"
     passes = _on_device_selftest(lab, orin, f"/opt/edgepack/releases/{inspect_artifact(arm).short}/{arm.name}") \
@@ -55,14 +55,14 @@ def test_real_artifacts_deploy_and_smoke_on_all_device_kinds(lab, tiny_artifacts
     else:
         assert rc == 9 and r["status"] == "rolled back", r
         assert "FAIL" in r["output"], r
-        rc2, data2, _ = edgepack_json("smoke", "-i", inv, "-d", "orin")
+        rc2, data2, _ = edgepack_json("smoke", "-I", inv, "-d", "orin")
         assert rc2 == 0 and by_device(data2)["orin"]["sha256"] == inspect_artifact(good).sha256
 
     # compare before acting: the same artifact again changes nothing and runs nothing
-    rc, data, _ = edgepack_json("deploy", arm, "-i", inv, "-d", "pi")
+    rc, data, _ = edgepack_json("deploy", arm, "-I", inv, "-d", "pi")
     assert rc == 0 and by_device(data)["pi"]["status"] == "no change"
 
-    rc, data, err = edgepack_json("smoke", "-i", inv, "-d", "pc,pi", "--bench", "-j", "2")
+    rc, data, err = edgepack_json("smoke", "-I", inv, "-d", "pc,pi", "--bench", "-j", "2")
     assert rc == 0, err
     for r in data["results"]:
         assert r["status"] == "pass" and r["latency_ms"] > 0
@@ -76,22 +76,22 @@ def test_versioned_layout_rollback_and_roll_forward(lab, tmp_path):
     s1, s2, s3 = (inspect_artifact(v).short for v in (v1, v2, v3))
     root = dev.home / "edgepack"
     for v in (v1, v2):
-        assert edgepack("deploy", v, "-i", inv, "-d", "x1").returncode == 0
+        assert edgepack("deploy", v, "-I", inv, "-d", "x1").returncode == 0
     assert os.readlink(root / "current") == f"releases/{s2}" and os.readlink(root / "previous") == f"releases/{s1}"
     assert (root / "releases" / s2 / v2.name).read_bytes() == v2.read_bytes()
     assert os.access(root / "current" / v2.name, os.X_OK)
-    assert edgepack("deploy", v3, "-i", inv, "-d", "x1").returncode == 0
+    assert edgepack("deploy", v3, "-I", inv, "-d", "x1").returncode == 0
     # only current and previous are kept
     assert sorted(p.name for p in (root / "releases").iterdir()) == sorted([s2, s3])
 
-    p = edgepack("rollback", "-i", inv, "-d", "x1")
+    p = edgepack("rollback", "-I", inv, "-d", "x1")
     assert p.returncode == 0, p.stderr
     assert "ROLLED BACK" in p.stdout
     assert os.readlink(root / "current") == f"releases/{s2}" and os.readlink(root / "previous") == f"releases/{s3}"
-    assert edgepack("rollback", "-i", inv, "-d", "x1").returncode == 0  # again: forward
+    assert edgepack("rollback", "-I", inv, "-d", "x1").returncode == 0  # again: forward
     assert os.readlink(root / "current") == f"releases/{s3}"
     # deploying a version that is still in releases/ re-uses it (no upload) and keeps the pair
-    rc, data, _ = edgepack_json("deploy", v2, "-i", inv, "-d", "x1")
+    rc, data, _ = edgepack_json("deploy", v2, "-I", inv, "-d", "x1")
     assert rc == 0 and by_device(data)["x1"]["status"] == "deployed"
     assert os.readlink(root / "current") == f"releases/{s2}" and os.readlink(root / "previous") == f"releases/{s3}"
 
@@ -99,8 +99,8 @@ def test_versioned_layout_rollback_and_roll_forward(lab, tmp_path):
 def test_rollback_without_previous_fails_clearly(lab, tmp_path):
     lab.add("x1", "x86_64")
     inv = lab.write_inventory()
-    assert edgepack("deploy", make_standin(tmp_path / "v1"), "-i", inv, "-d", "x1").returncode == 0
-    rc, data, err = edgepack_json("rollback", "-i", inv, "-d", "x1")
+    assert edgepack("deploy", make_standin(tmp_path / "v1"), "-I", inv, "-d", "x1").returncode == 0
+    rc, data, err = edgepack_json("rollback", "-I", inv, "-d", "x1")
     assert rc == 9 and "no previous version" in by_device(data)["x1"]["message"]
 
 
@@ -110,7 +110,7 @@ def test_eight_devices_in_parallel(lab, tmp_path):
     inv = lab.write_inventory()
     art = make_standin(tmp_path / "v1")
     t0 = time.monotonic()
-    rc, data, err = edgepack_json("deploy", art, "-i", inv, "--tag", "x86_64", "--tag", "arm64", "-j", "8")
+    rc, data, err = edgepack_json("deploy", art, "-I", inv, "--tag", "x86_64", "--tag", "arm64", "-j", "8")
     assert rc == 0, err
     assert [r["status"] for r in data["results"]] == ["deployed"] * 8
     assert time.monotonic() - t0 < 60
@@ -121,14 +121,14 @@ def test_devices_check_reports_arch_glibc_and_space(lab):
     lab.add("pi", "arm64")
     lab.add("orin", "jetson")
     inv = lab.write_inventory()
-    rc, data, err = edgepack_json("devices", "check", "-i", inv, "-d", "pc,pi,orin", "-j", "3")
+    rc, data, err = edgepack_json("devices", "check", "-I", inv, "-d", "pc,pi,orin", "-j", "3")
     assert rc == 0, err
     r = by_device(data)
     assert r["pc"]["arch"] == "x86_64"  # the lab gives each device a private, empty binfmt_misc
     assert r["pi"]["arch"].startswith("x86_64 (+aarch64 via binfmt)")
     assert r["orin"]["arch"] == "aarch64" and r["orin"]["glibc"] == "2.31"
     assert all(x["free_bytes"] and x["free_bytes"] > 0 for x in data["results"])
-    p = edgepack("devices", "check", "-i", inv, "-d", "orin")
+    p = edgepack("devices", "check", "-I", inv, "-d", "orin")
     assert p.returncode == 0 and "2.31" in p.stdout and "nothing installed" in p.stdout
 
 
@@ -148,7 +148,7 @@ def test_remote_paths_are_quoted(lab, tmp_path):
     dev = lab.add("x1", "x86_64")
     inv = lab.write_inventory()
     odd = "~/odd dir/$(touch pwned);x'y"
-    rc, data, err = edgepack_json("deploy", make_standin(tmp_path / "v1"), "-i", inv, "-d", "x1", "--dest", odd)
+    rc, data, err = edgepack_json("deploy", make_standin(tmp_path / "v1"), "-I", inv, "-d", "x1", "--dest", odd)
     assert rc == 0, err
     assert (dev.home / "odd dir" / "$(touch pwned);x'y" / "current").exists()
     assert not any(p.name == "pwned" for p in dev.home.rglob("*"))
@@ -164,7 +164,7 @@ def test_local_device(tmp_path):
 
 @pytest.mark.parametrize("args,code,msg", [
     (["deploy", "ART"], 2, "no device selected"),
-    (["deploy", "ART", "-i", "NOPE.toml", "-d", "x"], 2, "inventory NOPE.toml does not exist"),
+    (["deploy", "ART", "-I", "NOPE.toml", "-d", "x"], 2, "inventory NOPE.toml does not exist"),
     (["deploy", "missing-artifact", "-d", "local"], 11, "missing-artifact does not exist"),
     (["deploy", "ART", "-d", "bad host"], 2, "invalid device 'bad host'"),
 ])
@@ -219,5 +219,5 @@ def test_key_from_ssh_agent(lab, tmp_path):
 def test_devices_list(lab, tmp_path):
     lab.add("x1", "x86_64")
     inv = lab.write_inventory()
-    p = edgepack("devices", "list", "-i", inv)
+    p = edgepack("devices", "list", "-I", inv)
     assert p.returncode == 0 and "x1" in p.stdout and "root@127.0.0." in p.stdout

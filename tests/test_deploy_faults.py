@@ -21,7 +21,7 @@ def _current(dev) -> str:
 
 
 def _deploy_ok(inv, art, name):
-    rc, data, err = edgepack_json("deploy", art, "-i", inv, "-d", name)
+    rc, data, err = edgepack_json("deploy", art, "-I", inv, "-d", name)
     assert rc == 0, err
     assert by_device(data)[name]["status"] == "deployed"
     return data
@@ -35,14 +35,14 @@ def test_selftest_failure_rolls_back(lab, tmp_path):
     _deploy_ok(inv, v1, "x1")
     before = _current(dev)
 
-    p = edgepack("deploy", bad, "-i", inv, "-d", "x1")
+    p = edgepack("deploy", bad, "-I", inv, "-d", "x1")
     assert p.returncode == 9, p.stdout + p.stderr
     assert "ROLLED BACK" in p.stdout and "selftest failed on the device" in p.stdout
     assert "FAIL" in p.stdout  # the selftest's own output is shown
     assert "Traceback" not in p.stderr
     assert _current(dev) == before
     assert not (dev.home / "edgepack/releases" / inspect_artifact(bad).short).exists()
-    rc, data, _ = edgepack_json("smoke", "-i", inv, "-d", "x1")
+    rc, data, _ = edgepack_json("smoke", "-I", inv, "-d", "x1")
     assert rc == 0 and by_device(data)["x1"]["sha256"] == inspect_artifact(v1).sha256
 
 
@@ -50,7 +50,7 @@ def test_selftest_failure_on_first_install_leaves_nothing_current(lab, tmp_path)
     dev = lab.add("x1", "x86_64")
     inv = lab.write_inventory()
     bad = make_standin(tmp_path / "bad", verdict="FAIL")
-    rc, data, _ = edgepack_json("deploy", bad, "-i", inv, "-d", "x1")
+    rc, data, _ = edgepack_json("deploy", bad, "-I", inv, "-d", "x1")
     r = by_device(data)["x1"]
     assert rc == 9 and r["status"] == "rolled back" and "nothing was installed before" in r["message"]
     assert not os.path.lexists(dev.home / "edgepack" / "current")
@@ -62,12 +62,12 @@ def test_wrong_architecture_refused_before_upload(lab, tmp_path):
     inv = lab.write_inventory()
     arm = make_standin(tmp_path / "arm", "arm64")
     x = make_standin(tmp_path / "x", "x86_64")
-    rc, data, _ = edgepack_json("deploy", arm, "-i", inv, "-d", "x1")
+    rc, data, _ = edgepack_json("deploy", arm, "-I", inv, "-d", "x1")
     r = by_device(data)["x1"]
     assert rc == 9 and r["status"] == "failed"
     assert "x1 is x86_64" in r["message"] and "aarch64" in r["message"] and "wrong architecture" in r["message"]
     assert not (x86.home / "edgepack").exists()  # nothing uploaded, not even a folder
-    rc, data, _ = edgepack_json("deploy", x, "-i", inv, "-d", "j1")
+    rc, data, _ = edgepack_json("deploy", x, "-I", inv, "-d", "j1")
     r = by_device(data)["j1"]
     assert rc == 9 and "j1 is aarch64" in r["message"] and r["arch"] == "aarch64"
     assert jet.kind == "jetson"
@@ -77,7 +77,7 @@ def test_glibc_too_old_on_jetson_refused(lab, tmp_path):
     lab.add("j1", "jetson")
     inv = lab.write_inventory()
     art = make_standin(tmp_path / "g", "glibc235-arm64")
-    rc, data, _ = edgepack_json("deploy", art, "-i", inv, "-d", "j1")
+    rc, data, _ = edgepack_json("deploy", art, "-I", inv, "-d", "j1")
     r = by_device(data)["j1"]
     assert rc == 9 and r["status"] == "failed"
     assert "glibc 2.31" in r["message"] and ">= 2.35" in r["message"], r
@@ -90,11 +90,11 @@ def test_disk_full_keeps_previous(lab, tmp_path):
     v1 = make_standin(tmp_path / "v1", version="1", pad_kb=150)
     v2 = make_standin(tmp_path / "v2", version="2", pad_kb=300)
     _deploy_ok(inv, v1, "small")
-    rc, data, err = edgepack_json("deploy", v2, "-i", inv, "-d", "small")
+    rc, data, err = edgepack_json("deploy", v2, "-I", inv, "-d", "small")
     r = by_device(data)["small"]
     assert rc == 9 and r["status"] == "failed" and "disk full" in r["message"], r
     assert "error: deploy: 1 of 1" in err and "Traceback" not in err
-    rc, data, _ = edgepack_json("smoke", "-i", inv, "-d", "small")
+    rc, data, _ = edgepack_json("smoke", "-I", inv, "-d", "small")
     assert rc == 0 and by_device(data)["small"]["sha256"] == inspect_artifact(v1).sha256
     assert dev.tmpfs_size
 
@@ -132,15 +132,15 @@ def test_unknown_host_key_refused_then_accept_new(lab, tmp_path):
     lab.add("x1", "x86_64", trust=False)
     inv = lab.write_inventory()
     art = make_standin(tmp_path / "v1")
-    rc, data, _ = edgepack_json("deploy", art, "-i", inv, "-d", "x1")
+    rc, data, _ = edgepack_json("deploy", art, "-I", inv, "-d", "x1")
     r = by_device(data)["x1"]
     assert rc == 9 and r["status"] == "failed" and "is not in" in r["message"] and "SHA256:" in r["message"]
     assert "--accept-new-host-key" in r["hint"]
     assert lab.known_hosts.read_text() == ""
-    rc, data, err = edgepack_json("deploy", art, "-i", inv, "-d", "x1", "--accept-new-host-key")
+    rc, data, err = edgepack_json("deploy", art, "-I", inv, "-d", "x1", "--accept-new-host-key")
     assert rc == 0, err
     assert lab.devices["x1"].addr in lab.known_hosts.read_text()
-    rc, data, _ = edgepack_json("deploy", art, "-i", inv, "-d", "x1")  # now known: no flag needed
+    rc, data, _ = edgepack_json("deploy", art, "-I", inv, "-d", "x1")  # now known: no flag needed
     assert rc == 0 and by_device(data)["x1"]["status"] == "no change"
 
 
@@ -158,7 +158,7 @@ def test_changed_host_key_refused_even_with_accept_new(lab, tmp_path):
         lab.known_hosts.write_text(lab.known_hosts.read_text().replace(f":{port} ", f":{dev.port} "))
     inv = lab.write_inventory()
     known = lab.known_hosts.read_text()
-    rc, data, _ = edgepack_json("deploy", v2, "-i", inv, "-d", "x1", "--accept-new-host-key")
+    rc, data, _ = edgepack_json("deploy", v2, "-I", inv, "-d", "x1", "--accept-new-host-key")
     r = by_device(data)["x1"]
     assert "CHANGED" in r["message"] and "ssh-keygen -f" in r["hint"] and " -R " in r["hint"], r
     assert lab.known_hosts.read_text() == known  # accept-new never replaces a known key
@@ -175,7 +175,7 @@ def test_unreachable_devices_time_out_and_others_still_deploy(lab, tmp_path):
         host, port = silent.getsockname()
         refused_port = lab.devices["ok"].port + 1 if lab.devices["ok"].port < 65535 else 1025
         t0 = time.monotonic()
-        rc, data, err = edgepack_json("deploy", art, "-i", inv, "-d", f"ok,root@{host}:{port},root@127.0.0.251:{refused_port}",
+        rc, data, err = edgepack_json("deploy", art, "-I", inv, "-d", f"ok,root@{host}:{port},root@127.0.0.251:{refused_port}",
                                       "--connect-timeout", "1", "-j", "3", timeout=60)
         elapsed = time.monotonic() - t0
     finally:
@@ -195,7 +195,7 @@ def test_fail_fast_skips_devices_not_started(lab, tmp_path):
     lab.add("ok2", "x86_64")
     inv = lab.write_inventory()
     art = make_standin(tmp_path / "v1")
-    rc, data, _ = edgepack_json("deploy", art, "-i", inv, "-d", "root@127.0.0.251:1,ok1,ok2", "-j", "1",
+    rc, data, _ = edgepack_json("deploy", art, "-I", inv, "-d", "root@127.0.0.251:1,ok1,ok2", "-j", "1",
                                 "--fail-fast", "--connect-timeout", "2")
     statuses = [r["status"] for r in data["results"]]
     assert rc == 9 and statuses == ["unreachable", "skipped", "skipped"]

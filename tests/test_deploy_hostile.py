@@ -48,7 +48,7 @@ def short(art) -> str:
 
 
 def deploy(inv, art, dest, *extra, expect: str | None = "deployed"):
-    rc, data, err = edgepack_json("deploy", art, "-i", inv, "-d", "h1", "--dest", dest, *extra)
+    rc, data, err = edgepack_json("deploy", art, "-I", inv, "-d", "h1", "--dest", dest, *extra)
     r = by_device(data)["h1"]
     if expect is not None:
         assert r["status"] == expect and rc == (0 if r["ok"] else 9), (r, err)
@@ -56,7 +56,7 @@ def deploy(inv, art, dest, *extra, expect: str | None = "deployed"):
 
 
 def smoke_sha(inv, dest) -> str:
-    rc, data, err = edgepack_json("smoke", "-i", inv, "-d", "h1", "--dest", dest)
+    rc, data, err = edgepack_json("smoke", "-I", inv, "-d", "h1", "--dest", dest)
     r = by_device(data)["h1"]
     assert rc == 0 and r["status"] == "pass", (r, err)
     return r["sha256"]
@@ -67,7 +67,7 @@ def links(root) -> tuple[str | None, str | None]:
 
 
 def popen_deploy(inv, art, dest, *extra) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "edgepack", "deploy", str(art), "-i", str(inv), "-d", "h1",
+    return subprocess.Popen([sys.executable, "-m", "edgepack", "deploy", str(art), "-I", str(inv), "-d", "h1",
                              "--dest", dest, "--json", *extra], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "250"})
 
@@ -147,7 +147,7 @@ def test_two_inventory_names_for_one_host(inv, dev, module_lab, arts, tmp_path):
     alias = toml + "\n" + dev.inventory_toml().replace("[devices.h1]", "[devices.h1-again]")
     inv2 = tmp_path / "two-names.toml"
     inv2.write_text(alias)
-    rc, data, err = edgepack_json("deploy", arts[1], "-i", inv2, "-d", "h1,h1-again", "-j", "2", "--dest", "~/alias")
+    rc, data, err = edgepack_json("deploy", arts[1], "-I", inv2, "-d", "h1,h1-again", "-j", "2", "--dest", "~/alias")
     assert rc == 0, err
     assert sorted(r["status"] for r in data["results"]) == ["deployed", "no change"], data
     assert links(root) == (f"releases/{short(arts[1])}", None)
@@ -218,7 +218,7 @@ def test_symlinked_releases_is_refused(inv, dev, arts):
     rc, r, err = deploy(inv, arts[3], dest, expect="failed")
     assert "releases is a symlink" in r["message"] and "nothing was changed" in r["message"], r
     assert "real folder" in r["hint"]
-    rc, data, _ = edgepack_json("rollback", "-i", inv, "-d", "h1", "--dest", dest)
+    rc, data, _ = edgepack_json("rollback", "-I", inv, "-d", "h1", "--dest", dest)
     assert rc == 9 and "is a symlink" in by_device(data)["h1"]["message"]
     assert sorted(p.name for p in (bigdisk / "releases").iterdir()) == before
     assert links(root) == (f"releases/{short(arts[2])}", f"releases/{short(arts[1])}")
@@ -240,7 +240,7 @@ def test_rollback_checks_the_previous_release_first(inv, dev, arts):
     before = links(root)
     # previous fails its own selftest on the device: nothing changes
     (dev.home / ".standin-fail-1").write_text("")
-    rc, data, _ = edgepack_json("rollback", "-i", inv, "-d", "h1", "--dest", dest)
+    rc, data, _ = edgepack_json("rollback", "-I", inv, "-d", "h1", "--dest", dest)
     r = by_device(data)["h1"]
     assert rc == 9 and r["status"] == "failed" and "fails its selftest" in r["message"], r
     assert "nothing was changed" in r["message"] and links(root) == before
@@ -249,20 +249,20 @@ def test_rollback_checks_the_previous_release_first(inv, dev, arts):
     exe = root / "releases" / short(arts[1]) / arts[1].name
     good = exe.read_bytes()
     exe.write_bytes(good + b"# tampered\n")
-    rc, data, _ = edgepack_json("rollback", "-i", inv, "-d", "h1", "--dest", dest)
+    rc, data, _ = edgepack_json("rollback", "-I", inv, "-d", "h1", "--dest", dest)
     r = by_device(data)["h1"]
     assert rc == 9 and "damaged" in r["message"] and links(root) == before, r
     exe.write_bytes(good)
     # previous dangling: its release folder is gone
     import shutil
     shutil.rmtree(root / "releases" / short(arts[1]))
-    rc, data, _ = edgepack_json("rollback", "-i", inv, "-d", "h1", "--dest", dest)
+    rc, data, _ = edgepack_json("rollback", "-I", inv, "-d", "h1", "--dest", dest)
     r = by_device(data)["h1"]
     assert rc == 9 and "not an edgepack release" in r["message"] and "stays current" in r["message"], r
     assert links(root) == before
     assert smoke_sha(inv, dest) == inspect_artifact(arts[2]).sha256
     # a healthy previous: rolled back after its selftest passed
     deploy(inv, arts[3], dest)
-    rc, data, err = edgepack_json("rollback", "-i", inv, "-d", "h1", "--dest", dest)
+    rc, data, err = edgepack_json("rollback", "-I", inv, "-d", "h1", "--dest", dest)
     assert rc == 0 and by_device(data)["h1"]["status"] == "rolled back", err
     assert links(root) == (f"releases/{short(arts[2])}", f"releases/{short(arts[3])}")
