@@ -128,6 +128,20 @@ def apply_ssh_config(dev: Device, cfg: paramiko.SSHConfig | None) -> Device:
     return replace(dev, host=host, user=user, port=port, keys=keys)
 
 
+def _could_be_a_host(name: str, cfg: paramiko.SSHConfig | None) -> bool:
+    """A bare word that no inventory names is a device only if ~/.ssh/config or /etc/hosts knows it, or it
+    looks like a DNS name or an address: otherwise a typo would surface later as a DNS error."""
+    if "." in name or ":" in name or name == "localhost":
+        return True
+    if cfg is not None and name in cfg.get_hostnames():
+        return True
+    try:
+        hosts = Path("/etc/hosts").read_text(errors="replace")
+    except OSError:
+        return False
+    return any(name in line.split("#", 1)[0].split()[1:] for line in hosts.splitlines())
+
+
 def select_devices(specs: list[str], tags: list[str], inventory: Inventory | None,
                    ssh_config: Path | None) -> list[Device]:
     """Devices named on the command line (inventory names, ssh aliases, user@host[:port], `local`) plus
@@ -144,6 +158,12 @@ def select_devices(specs: list[str], tags: list[str], inventory: Inventory | Non
                 dev = local_device()
             else:
                 user, host, port = parse_spec(item)
+                if user is None and port is None and not _could_be_a_host(host, cfg):
+                    where = f"{inventory.path}" if inventory is not None else "no inventory given"
+                    raise UsageError(f"device {item!r} is neither in the inventory ({where}) nor a Host in "
+                                     f"{ssh_config or '~/.ssh/config'}",
+                                     hint=(f"inventory names: {', '.join(inventory.names())}; " if inventory else "")
+                                     + "or write user@host[:port] for a machine known to neither")
                 dev = Device(name=item, host=host, port=port or 0, user=user)
             out.append(dev)
     for tag in tags:

@@ -175,3 +175,16 @@ def test_artifact_sidecar_must_match_elf(tmp_path):
         inspect_artifact(tmp_path / "notes.txt")
     with pytest.raises(ArtifactError, match="does not exist"):
         inspect_artifact(tmp_path / "nope")
+
+
+def test_unknown_bare_device_name_is_named_not_a_dns_error(tmp_path):
+    p = tmp_path / "devices.toml"
+    p.write_text(INV)
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host gw\n  HostName 192.0.2.8\n")
+    with pytest.raises(UsageError, match="device 'orin-1' is neither in the inventory .*devices.toml.* nor a Host") as e:
+        select_devices(["orin-1"], [], load_inventory(p), cfg)
+    assert "box, cam-01" in e.value.hint and "user@host" in e.value.hint
+    # what may be a real host still passes: ssh aliases, DNS names, addresses, localhost
+    for spec in ("gw", "cam-02.lan", "192.0.2.9", "localhost", "me@orin-1"):
+        assert select_devices([spec], [], None, cfg)
