@@ -64,6 +64,9 @@ class TvmBackend:
                          + (" (proxy-tuned: measured on the build machine, not the device)" if proxy else ""))
         base_cpu = target_dict(req.target)["mcpu"]
         options = {"tvm.entry": "main"}
+        if compiled.skipped_levels:
+            notes.append(f"tvm: kernels for {base_cpu} only where TVM could not build ISA copies "
+                         f"({'; '.join(compiled.skipped_levels)})")
         if compiled.variants:
             # best first; the engine takes the first level the CPU has, else the base kernels
             options["tvm.isa"] = ";".join(f"{v.level}={v.prefix}" for v in compiled.variants)
@@ -89,6 +92,7 @@ class TvmBackend:
                       "tuned_kernels": list(compiled.tuned_kernels) if db else None,
                       "proxy_tuned": proxy if db else None,
                       "compile_seconds": compiled.seconds, "runtime": rt.manifest(),
+                      "isa_levels_skipped": list(compiled.skipped_levels),
                       "isa_levels": [{"level": base_cpu, "prefix": "", "kernel_bytes": compiled.base_code_bytes}]
                       + [{"level": v.level, "prefix": v.prefix, "kernel_bytes": v.code_bytes, "kernels": v.kernels,
                           "missing_kernels": list(v.missing)} for v in compiled.variants]},
