@@ -41,3 +41,27 @@ def run(cmd: Sequence[str | os.PathLike], *, what: str, cwd: Path | None = None,
         where = f" (full log: {log})" if log else ""
         raise error(f"{what} failed with exit code {proc.returncode}{where}:\n{_tail(proc.stdout)}")
     return proc
+
+
+def run_streaming(cmd: Sequence[str | os.PathLike], *, what: str, on_line, env: Mapping[str, str] | None = None,
+                  error: type = BuildError, log: Path) -> None:
+    """Like ``run`` for long builds: every output line goes to ``log`` and to ``on_line`` as it comes
+    (progress bars are fed from the build's own step counts), and a failure names the log."""
+    argv = [str(c) for c in cmd]
+    full_env = dict(os.environ, **env) if env is not None else None
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tail: list[str] = []
+    try:
+        with open(log, "w") as out, subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
+                                                     stderr=subprocess.STDOUT, text=True, errors="replace") as p:
+            for line in p.stdout:
+                out.write(line)
+                tail = (tail + [line.rstrip()])[-25:]
+                on_line(line)
+            rc = p.wait()
+    except FileNotFoundError as exc:
+        raise ToolMissingError(f"{what}: program not found: {argv[0]}",
+                               hint="run `edgepack doctor` to see what is missing") from exc
+    if rc != 0:
+        raise error(f"{what} failed with exit code {rc} (full log: {log}):\n" + "\n".join(tail))
+

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import proc
+from ...progress import StepProgress
 from ...cache import cache_root, key_of, locked
 from ...elf import check_archive_arch
 from ...errors import BuildError
@@ -192,8 +193,10 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
                 raise BuildError(f"libncnn for {target.triple.zig}: ISA kernels that would silently be missing: "
                                  f"{', '.join(dropped)}", hint=f"see {logs / 'configure.log'} and "
                                  f"{root / 'build' / 'CMakeFiles' / 'CMakeConfigureLog.yaml'}")
-        proc.run(["cmake", "--build", root / "build", "-j", str(njobs)],
-                 what=f"building libncnn for {target.triple.zig}", env=toolchain.env(), log=logs / "build.log")
+        what = f"building libncnn for {target.triple.zig}"
+        with StepProgress(what, log) as progress:
+            proc.run_streaming(["cmake", "--build", root / "build", "-j", str(njobs)], what=what,
+                               on_line=progress.feed, env=toolchain.env(), log=logs / "build.log")
         proc.run(["cmake", "--install", root / "build"], what="installing libncnn", log=logs / "install.log")
         if not lib.is_file():
             raise BuildError(f"libncnn build finished without {lib}")

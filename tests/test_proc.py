@@ -1,0 +1,23 @@
+"""Checked subprocess calls with streamed output (the one-time library builds use them)."""
+import pytest
+
+from edgepack import proc
+from edgepack.errors import BuildError
+
+
+def test_run_streaming_feeds_lines_and_keeps_the_log(tmp_path):
+    seen = []
+    log = tmp_path / "logs" / "build.log"
+    proc.run_streaming(["sh", "-c", "for i in 1 2 3; do echo \"[$i/3] step $i\"; done"], what="steps",
+                       on_line=seen.append, log=log)
+    assert [s.strip() for s in seen] == ["[1/3] step 1", "[2/3] step 2", "[3/3] step 3"]
+    assert log.read_text().count("step") == 3
+
+
+def test_run_streaming_failure_names_the_log_and_the_tail(tmp_path):
+    log = tmp_path / "build.log"
+    with pytest.raises(BuildError) as exc:
+        proc.run_streaming(["sh", "-c", "echo compiling; echo 'error: no such layer' >&2; exit 3"], what="building x",
+                           on_line=lambda line: None, log=log)
+    assert "building x failed with exit code 3" in exc.value.message and str(log) in exc.value.message
+    assert "error: no such layer" in exc.value.message
