@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from edgepack.runner import command_for
-    manifest = json.loads(subprocess.run(command_for(a.artifact) + ["info"], capture_output=True, text=True,
+    manifest = json.loads(subprocess.run(command_for(a.artifact) + ["info", "--json"], capture_output=True, text=True,
                                          check=True).stdout)
     if a.input:
         body = a.input.read_bytes()

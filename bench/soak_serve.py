@@ -206,7 +206,7 @@ def main(argv=None) -> int:
                     help="extra serve options (the deadlines the slow clients run into)")
     a = ap.parse_args(argv)
     from edgepack.runner import command_for
-    manifest = json.loads(subprocess.run(command_for(a.artifact) + ["info"], capture_output=True, text=True,
+    manifest = json.loads(subprocess.run(command_for(a.artifact) + ["info", "--json"], capture_output=True, text=True,
                                          check=True).stdout)
     if not manifest.get("prepost", {}).get("preprocess"):
         raise SystemExit("soak_serve needs an artifact built with --preprocess image:...")

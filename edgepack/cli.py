@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from . import __version__
 from .errors import EdgepackError
@@ -100,18 +99,16 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
                                "model": str(model), "results": [r.to_json() for r in results],
                                "ok": all(r.ok for r in results)}, indent=1))
     else:
-        table = Table(title=f"edgepack build {model}")
-        for col in ("target", "backend", "precision", "file", "size", "max error", "of scale", "verified on",
-                    "verdict"):
-            table.add_column(col)
+        rows = []
         for r in results:
             err = f"{r.max_abs_err:.2e} ≤ {r.bound:.1e}" if r.max_abs_err is not None else "-"
             rejected = f" ({len(r.rejected)} rejected)" if r.rejected and r.ok else ""
-            table.add_row(r.target, r.backend or "-", (r.precision or "-") + rejected, str(r.path) if r.path else "-",
-                          f"{r.size / 1e6:.2f} MB" if r.size else "-", err,
-                          f"{r.rel_err:.3%}" if r.rel_err is not None else "-", ", ".join(r.per_cpu) or "-",
-                          "[green]PASS[/green]" if r.ok else "[red]FAIL[/red]")
-        out_console.print(table)
+            rows.append([r.target, r.backend or "-", (r.precision or "-") + rejected, str(r.path) if r.path else "-",
+                         f"{r.size / 1e6:.2f} MB" if r.size else "-", err,
+                         f"{r.rel_err:.3%}" if r.rel_err is not None else "-", ", ".join(r.per_cpu) or "-",
+                         Cell("PASS", "green") if r.ok else Cell("FAIL", "red")])
+        print_table(out_console, f"edgepack build {model}", ["target", "backend", "precision", "file", "size",
+                    "max error", "of scale", "verified on", "verdict"], rows)
         for r in results:
             if not r.ok:
                 err_console.print(f"[red]{escape(r.target)}:[/red] {escape(r.error or '')}", soft_wrap=True)

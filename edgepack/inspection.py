@@ -25,8 +25,6 @@ def inspect_artifact_manifest(path: Path) -> dict:
     """The manifest an artifact carries (its `info`, run here or under qemu)."""
     from .runner import run_artifact
     proc = run_artifact(Path(path), ["info", "--json"], timeout=120)
-    if proc.returncode != 0:  # artifacts built before `info --json` existed print JSON for plain `info`
-        proc = run_artifact(Path(path), ["info"], timeout=120)
     try:
         manifest = json.loads(proc.stdout)
     except ValueError:

@@ -33,7 +33,7 @@ def read_manifest(artifact: Path) -> dict:
     if sidecar.is_file():
         return json.loads(sidecar.read_text())
     try:
-        proc = run_artifact(artifact, ["info"], timeout=120)
+        proc = run_artifact(artifact, ["info", "--json"], timeout=120)
         return json.loads(proc.stdout)
     except (OSError, ValueError) as exc:
         raise ArtifactError(f"{artifact}: not an edgepack artifact (no manifest)") from exc

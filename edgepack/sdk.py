@@ -176,7 +176,7 @@ class ArtifactModel(Model):
             except (ValueError, AttributeError):
                 qemu_cpu = None
         self._cmd = command_for(self.path, qemu_cpu)
-        proc = self._run(["info"])
+        proc = self._run(["info", "--json"])
         try:
             self.manifest = json.loads(proc.stdout)
         except ValueError:

@@ -58,7 +58,7 @@ def test_selftest_and_info(tiny_artifacts, tiny_cnn, target):
     assert st.returncode == 0, st.stdout + st.stderr
     res = json.loads(st.stdout)
     assert res["result"] == "PASS" and res["max_abs_err"] <= res["bound"] and res["latency_ms"] > 0
-    info = json.loads(_run(art, ["info"], target).stdout)
+    info = json.loads(_run(art, ["info", "--json"], target).stdout)
     assert info["target"]["name"] == target
     assert info["inputs"] == [{"name": "image", "shape": [1, 3, 64, 64], "dtype": "float32"}]
     assert info["outputs"] == [{"name": "logits", "shape": [1, 10], "dtype": "float32"}]
@@ -147,5 +147,5 @@ def test_jetson_artifacts_run_on_a_cpu_with_their_features(family_artifacts, tar
     assert read_elf(art).machine == "aarch64"
     st = _run(art, ["selftest", "--json"], target)
     assert st.returncode == 0, st.stdout + st.stderr
-    manifest = json.loads(_run(art, ["info"], target).stdout)
+    manifest = json.loads(_run(art, ["info", "--json"], target).stdout)
     assert manifest["backend"]["fp16_arithmetic"] is True

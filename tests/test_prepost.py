@@ -98,7 +98,7 @@ def test_bad_settings_are_one_line_and_exit_2(tiny_cnn, args, needle):
 
 def test_artifact_takes_raw_images_and_matches_onnxruntime_top1(images, tmp_path):
     art = baked_x86()
-    info = json.loads(run_artifact(art, ["info"]).stdout)
+    info = json.loads(run_artifact(art, ["info", "--json"]).stdout)
     assert info["prepost"]["postprocess"]["labels"] == LABELS
     assert info["inputs"] == [{"name": "image", "shape": [1, 64, 64, 3], "dtype": "float32"}]
     d = tmp_path / "in"

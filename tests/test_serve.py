@@ -45,7 +45,7 @@ def test_predict_image_npy_json_agree(server, images):
     # the same picture as an already-resized float32 tensor: .npy and JSON give the same answer
     from edgepack.prepost import image_to_input
     from prepost_fixtures import decode
-    info = json.loads(run_artifact(art, ["info"]).stdout)
+    info = json.loads(run_artifact(art, ["info", "--json"]).stdout)
     x = image_to_input(decode(p), info["prepost"]["preprocess"])
     s1, a1 = server.json("POST", "/predict", npy_bytes(x), "application/x-npy")
     s2, a2 = server.json("POST", "/predict", json.dumps({"image": x.tolist()}).encode(), "application/json")

@@ -69,7 +69,7 @@ def test_selftest_info_and_size(tvm_artifacts, target):
     st = _run(art, ["selftest", "--json"], target)
     assert st.returncode == 0, st.stdout + st.stderr
     assert json.loads(st.stdout)["backend"] == "tvm"
-    info = _run(art, ["info"], target)
+    info = _run(art, ["info", "--json"], target)
     assert info.returncode == 0, info.stderr
     manifest = json.loads(info.stdout)
     assert manifest["backend"]["name"] == "tvm"

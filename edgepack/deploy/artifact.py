@@ -48,7 +48,7 @@ def _from_info(path: Path) -> dict | None:
     """Run ``ARTIFACT info`` here (under qemu for Arm) to learn a dynamic artifact's glibc baseline."""
     from ..runner import run_artifact
     try:
-        proc = run_artifact(path, ["info"], timeout=120)
+        proc = run_artifact(path, ["info", "--json"], timeout=120)
         return _from_manifest(json.loads(proc.stdout), f"{path} info") if proc.returncode == 0 else None
     except (EdgepackError, OSError, ValueError, Exception):  # best effort: the ELF header already gave the arch
         return None

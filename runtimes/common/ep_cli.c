@@ -18,7 +18,8 @@
 
 static const char USAGE[] =
     "usage: %s COMMAND [options]\n"
-    "  info                                   print the manifest (JSON)\n"
+    "  info [--json]                          inputs, outputs, target, precision (--json: the manifest)\n"
+    "  --version                              model, target, backend, edgepack version\n"
     "  run --input [NAME=]FILE ... [--output DIR] [--threads N]\n"
     "                                         run the model on .npy, JSON, or (when built with\n"
     "                                         --preprocess) PNG/JPEG/PPM files; writes DIR/NAME.npy\n"
@@ -124,6 +125,53 @@ static void print_manifest(void) {
     const ep_blob *m = &ep_spec.manifest_json;
     fwrite(m->data, 1, ep_blob_size(m), stdout);
     fputc('\n', stdout);
+}
+
+/* The value of the first "key": "value" string in the embedded manifest (bounded copy, "" if absent):
+ * enough for a human summary; tools read `info --json`. */
+static void manifest_string(const char *key, char *out, size_t len) {
+    const ep_blob *m = &ep_spec.manifest_json;
+    size_t n = ep_blob_size(m), klen = strlen(key);
+    const char *text = (const char *)m->data;
+    out[0] = 0;
+    for (size_t i = 0; i + klen + 4 < n; i++) {
+        if (text[i] != '"' || memcmp(text + i + 1, key, klen) != 0 || text[i + 1 + klen] != '"') continue;
+        size_t j = i + 2 + klen;
+        while (j < n && (text[j] == ':' || text[j] == ' ')) j++;
+        if (j >= n || text[j] != '"') return;
+        size_t k = 0;
+        for (j++; j < n && text[j] != '"' && k + 1 < len; j++) out[k++] = text[j];
+        out[k] = 0;
+        return;
+    }
+}
+
+static void print_io(const char *kind, const ep_io_spec *io) {
+    char shape[128];
+    ep_shape_str(io->shape, io->ndim, shape, sizeof shape);
+    printf("%-7s %s: %s %s\n", kind, io->name, ep_dtype_name(io->dtype), shape);
+}
+
+/* `info`: what a person wants to know at a glance; `info --json`: the whole manifest. */
+static void print_summary(void) {
+    char precision[64], version[64];
+    manifest_string("precision_rung", precision, sizeof precision);
+    if (!precision[0]) manifest_string("precision", precision, sizeof precision);
+    manifest_string("edgepack", version, sizeof version);
+    const char *engine = ep_engine_describe();
+    printf("model   %s\ntarget  %s\nbackend %s%s%s%s\nprecision %s\n", ep_spec.model_name, ep_spec.target,
+           ep_spec.backend, strcmp(engine, ep_spec.backend) ? " (" : "", strcmp(engine, ep_spec.backend) ? engine : "",
+           strcmp(engine, ep_spec.backend) ? ")" : "", precision[0] ? precision : "?");
+    for (int i = 0; i < ep_spec.n_inputs; i++) print_io("input", &ep_spec.inputs[i]);
+    for (int i = 0; i < ep_spec.n_outputs; i++) print_io("output", &ep_spec.outputs[i]);
+    printf("built by edgepack %s; the full manifest: info --json\n", version[0] ? version : "?");
+}
+
+static void print_version(void) {
+    char version[64];
+    manifest_string("edgepack", version, sizeof version);
+    printf("%s for %s (%s), built by edgepack %s\n", ep_spec.model_name, ep_spec.target, ep_spec.backend,
+           version[0] ? version : "?");
 }
 
 static int load_golden(const ep_blob *blobs, int n, ep_tensor *out, ep_status *st) {
@@ -475,12 +523,23 @@ int ep_cli(int argc, char **argv) {
         fprintf(argc < 2 ? stderr : stdout, USAGE, prog);
         return argc < 2 ? EP_ERR_USAGE : EP_OK;
     }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        print_version();
+        return EP_OK;
+    }
+    for (int i = 2; i < argc; i++) { /* `run --help` etc.: the usage, which covers every command */
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fprintf(stdout, USAGE, prog);
+            return EP_OK;
+        }
+    }
     const char *cmd = argv[1];
     cli_opts o;
     int rc = parse_opts(argc, argv, 2, &o, &st);
     if (!rc) {
         if (strcmp(cmd, "info") == 0) {
-            print_manifest();
+            if (o.json) print_manifest();
+            else print_summary();
         } else if (strcmp(cmd, "run") == 0) {
             rc = cmd_run(&o, &st);
         } else if (strcmp(cmd, "selftest") == 0) {
