@@ -64,13 +64,17 @@ def run(model, inputs, input_dir, output, threads):
         raise
 
 
+class _MissingInput(UsageError):
+    """An input file or folder that does not exist: I/O (5) in the artifact's table."""
+
+
 def _artifact_exit_code(exc: EdgepackError) -> int:
     from . import sdk
     if isinstance(exc, (sdk.InputError, ArtifactError)) and not isinstance(exc, ModelError):
         return 3 if isinstance(exc, sdk.InputError) else 4
     if isinstance(exc, ModelError):
         return 4
-    if isinstance(exc, UsageError) and ("no such file" in exc.message or "no such folder" in exc.message):
+    if isinstance(exc, _MissingInput):
         return 5
     return 2 if isinstance(exc, UsageError) else exc.exit_code
 
@@ -103,10 +107,10 @@ def _run(model, inputs, input_dir, output, threads):
             raise UsageError(f"--input {a}: the model has {len(m.inputs)} inputs, write NAME=FILE "
                              f"(its inputs: {', '.join(sorted(names))})")
         if not Path(f).is_file():
-            raise UsageError(f"{f}: no such file")
+            raise _MissingInput(f"{f}: no such file")
         feeds[name or m.inputs[0].name] = f
     if input_dir and not Path(input_dir).is_dir():
-        raise UsageError(f"--input-dir {input_dir}: no such folder")
+        raise _MissingInput(f"--input-dir {input_dir}: no such folder")
     if output:
         _check_output(output, list(feeds.values()), input_dir)
     failed = total = 0
