@@ -15,7 +15,7 @@ from edgepack.deploy.artifact import inspect_artifact
 def _on_device_selftest(lab, dev, exe: str) -> bool:
     """The artifact's own verdict, asked directly over SSH (no edgepack code involved)."""
     import subprocess
-    p = subprocess.run(["ssh", "-I", str(lab.client_key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
+    p = subprocess.run(["ssh", "-i", str(lab.client_key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
                         "-o", "BatchMode=yes", "-p", str(dev.port), f"root@{dev.addr}", f"{exe} selftest"],
                        capture_output=True, text=True, timeout=300)
     return p.returncode == 0 and p.stdout.startswith("PASS")
