@@ -88,12 +88,13 @@ def test_doctor_sees_bundled_packages_and_system_tools(frozen, tmp_path):
     proc = run_frozen(frozen, ["doctor"], clean_env(tmp_path))
     # exit 6 (ToolMissingError): the TVM backend is not bundled, and only that is missing
     assert proc.returncode == 6, proc.stdout + proc.stderr
-    missing = [r for r in proc.stdout.splitlines() if " missing " in r]
-    assert len(missing) == 1 and "backend tvm" in missing[0], proc.stdout
+    # off a terminal the table is tab-separated: tool, status, detail
+    rows = {r.split("\t")[0]: r.split("\t") for r in proc.stdout.splitlines()[1:] if "\t" in r}
+    missing = [name for name, r in rows.items() if r[1] == "missing"]
+    assert missing == ["backend tvm"], proc.stdout
     for line in ("ziglang", "onnxruntime", "onnxsim", "ncnn", "pnnx", "cmake", "qemu-aarch64", "llvm-strip",
                  "backend ncnn"):
-        row = next((r for r in proc.stdout.splitlines() if f" {line} " in r), None)
-        assert row is not None and "found" in row, (line, proc.stdout)
+        assert rows.get(line, [None, None])[1] == "found", (line, proc.stdout)
 
 
 def test_frozen_builds_and_verifies_x86_64_and_arm64(frozen, tiny_cnn, tiny_artifacts, tmp_path):
