@@ -24,6 +24,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from models import mobilenet_v2_like, transformer_block  # noqa: E402
+from corpus import ort_median  # noqa: E402  (one timing loop for every bench)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,14 +38,7 @@ def ort_median_ms(model: Path, threads: int, runs: int, warmup: int = 5) -> floa
     for i in sess.get_inputs():
         shape = [d if isinstance(d, int) else 1 for d in i.shape]
         feeds[i.name] = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    for _ in range(warmup):
-        sess.run(None, feeds)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return ort_median(sess, feeds, runs, warmup)
 
 
 OPTION_VARIANTS = {
