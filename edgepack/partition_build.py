@@ -49,7 +49,8 @@ def plan_for(model, target: Target) -> Plan | None:
     return p if p.is_split else None
 
 
-def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: Toolchain, log) -> EngineBuild:
+def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: Toolchain, log,
+                         tuning_db: str | None = None) -> EngineBuild:
     """A TVM segment without ISA copies: under ``prefix`` (kernels and bytecode register under
     it), or unprefixed where the ISA copies cannot be built (TopK, see PREFIX_UNSAFE_OPS)."""
     from .backends.tvm import compile as tc_mod
@@ -57,7 +58,7 @@ def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: 
     from .backends.tvm.target_map import target_dict, tvm_target
     from .backends.tvm.tuning import find_database
     from .resources import runtimes_dir
-    db, why = find_database(model, target)
+    db, why = find_database(target, tuning_db)
     log(f"tvm: {why}")
     with tc_mod.TVM_LOCK:
         tc_mod.import_tvm()
@@ -87,7 +88,7 @@ def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: 
 
 
 def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Path, tc: Toolchain,
-                     log: Callable[[str], None]) -> tuple[list[EngineBuild], EngineBuild]:
+                     log: Callable[[str], None], tuning_db: str | None = None) -> tuple[list[EngineBuild], EngineBuild]:
     """(per-segment builds, the combined build the bundle links)."""
     builds: list[EngineBuild] = []
     tvm_segs = [k for k, s in enumerate(p.segments) if s.backend == "tvm"]
@@ -99,11 +100,12 @@ def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Pa
         wd = workdir / f"seg{k}-{seg.backend}"
         seg_log = (lambda k: (lambda m: log(f"segment {k}: {m}")))(k)
         if seg.backend == "tvm" and k != plain:
-            builds.append(_compile_tvm_segment(sub, target, wd, f"edgepack_seg{k}_", tc, seg_log))
+            builds.append(_compile_tvm_segment(sub, target, wd, f"edgepack_seg{k}_", tc, seg_log, tuning_db))
         elif seg.backend == "tvm" and set(seg.ops) & PREFIX_UNSAFE_OPS:
-            builds.append(_compile_tvm_segment(sub, target, wd, "", tc, seg_log))  # no x86-64 ISA copies
+            builds.append(_compile_tvm_segment(sub, target, wd, "", tc, seg_log, tuning_db))  # no x86-64 ISA copies
         else:
-            builds.append(get_backend(seg.backend).compile(CompileRequest(sub, target, precision, wd, tc, seg_log)))
+            builds.append(get_backend(seg.backend).compile(CompileRequest(sub, target, precision, wd, tc, seg_log,
+                                                                                     tuning_db)))
     return builds, combine(p, builds, target, tc, log)
 
 
@@ -173,7 +175,7 @@ class SplitBackend:
             raise PlanError(f"{req.model.path.name}: the graph does not split into NCNN and TVM segments")
         req.log(f"partitioned plan: {p.describe()}")
         builds, engine = compile_segments(p, req.model, req.target, req.precision, req.workdir, req.toolchain,
-                                          req.log)
+                                          req.log, req.tuning_db)
         ncnn_rungs = {b.manifest.get("precision") for b in builds if b.backend == "ncnn"} - {None}
         manifest = dict(engine.manifest, precision=ncnn_rungs.pop() if len(ncnn_rungs) == 1 else req.precision)
         return replace(engine, manifest=manifest, segments=bundle_segments(p, req.model, builds))

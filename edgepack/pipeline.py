@@ -52,6 +52,7 @@ class BuildOptions:
     jobs: int = 0                    # targets built at once (0: one per core)
     preprocess: str | None = None    # e.g. "image:size=224x224,layout=nhwc,dtype=uint8,mean=...,std=..."
     postprocess: str | None = None   # e.g. "softmax,topk=5,labels=labels.txt"
+    tuning_db: str | None = None     # TVM MetaSchedule database: None the target's (if any), "off", or a folder
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,7 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
         "build": {"backend": engine.backend, "precision": precision,
                   "input_shapes": {k: list(v) for k, v in sorted(opts.input_shapes.items())},
                   "simplify": opts.simplify, "preprocess": opts.preprocess, "postprocess": opts.postprocess,
+                  "tuning_db": opts.tuning_db,
                   "target_file_sha256": sha256_file(Path(target.source)) if target.source else None,
                   "options": {k: v for k, v in sorted(engine.options.items())}},
     }
@@ -398,7 +400,7 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
         # importer does) compiles one target at a time.
         with contextlib.nullcontext() if getattr(backend, "thread_safe", False) else _COMPILE_LOCKS[name]:
             engine = backend.compile(CompileRequest(model, target, rung, workdir / "compile", tc,
-                                                    lambda m: log(f"[{target.name}] {m}")))
+                                                    lambda m: log(f"[{target.name}] {m}"), opts.tuning_db))
         # one bound policy for every backend and precision, in the verification and the selftest alike
         engine = dataclasses.replace(engine, tolerance=POLICY)
         kept = engine.manifest.get("precision") or engine.manifest.get("compute_precision") or rung

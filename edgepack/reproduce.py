@@ -39,7 +39,27 @@ def read_manifest(artifact: Path) -> dict:
         raise ArtifactError(f"{artifact}: not an edgepack artifact (no manifest)") from exc
 
 
-def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=print) -> Rebuild:
+def _tuning_db(manifest: dict, given: Path | None) -> str | None:
+    """The tuning database to rebuild with: the one given, else the one the build used; refused
+    when its content is not what the artifact was built with (a database accumulates)."""
+    b, backend = manifest["build"], manifest.get("backend") or {}
+    want = backend.get("tuning_db_sha256")
+    choice = str(given) if given else b.get("tuning_db")
+    if not want:  # built untuned (or before hashes were recorded): rebuild the same way
+        return choice
+    from .backends.tvm.tuning import database_sha256, default_db_dir, is_database
+    from .targets import TargetMatrix
+    path = Path(choice) if choice and choice != "off" else default_db_dir(TargetMatrix.load().get(manifest["target"]["name"]))
+    if not is_database(path) or database_sha256(path) != want:
+        raise ArtifactError(f"the TVM tuning database the artifact was built with (sha256 {want[:16]}…) "
+                            f"is not at {path} any more",
+                            hint="pass the database it was built with: edgepack verify-build ARTIFACT MODEL "
+                                 "--tuning-db PATH (a target's database grows with every `edgepack tune`)")
+    return str(path)
+
+
+def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=print,
+                 tuning_db: Path | None = None) -> Rebuild:
     from .model import parse_shape_args
     from .pipeline import BuildOptions, build
     from .targets import TargetMatrix
@@ -56,6 +76,7 @@ def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=pri
     if b.get("target_file_sha256") and sha256_file(Path(target.source)) != b["target_file_sha256"]:
         raise TargetError(f"target file {target.source} changed since {artifact.name} was built",
                           hint="rebuild with the target file the artifact was made with")
+    tuning = _tuning_db(manifest, tuning_db)
     shapes = parse_shape_args([f"{k}={'x'.join(str(d) for d in v)}" for k, v in b.get("input_shapes", {}).items()])
     with tempfile.TemporaryDirectory(prefix="edgepack-rebuild-") as tmp:
         old_cache = os.environ.get("EDGEPACK_CACHE")
@@ -64,7 +85,7 @@ def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=pri
         try:
             opts = BuildOptions(backend=b["backend"], precision=b["precision"], input_shapes=shapes,
                                 out_dir=Path(tmp) / "dist", verify=False, simplify=b.get("simplify", True),
-                                preprocess=b.get("preprocess"), postprocess=b.get("postprocess"))
+                                preprocess=b.get("preprocess"), postprocess=b.get("postprocess"), tuning_db=tuning)
             results = build(model, [target], opts, log=log)
         finally:
             if clean_cache:

@@ -26,6 +26,7 @@ class CompileRequest:
     workdir: Path
     toolchain: Toolchain
     log: Callable[[str], None] = print
+    tuning_db: str | None = None  # TVM: None the target's database (if any), "off", or a database folder
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,10 @@ class TvmBackend:
         from .compile import compile_model
         from .runtime_lib import build_runtime
         from .target_map import isa_variants, target_dict, tvm_target, tvm_target_of
-        from .tuning import find_database
+        from .tuning import database_sha256, find_database
         from ...toolchains import Toolchain  # noqa: F401  (type only)
 
-        db, why = find_database(req.model, req.target)
+        db, why = find_database(req.target, req.tuning_db)
         req.log(f"tvm: {why}")
         from .compile import TVM_LOCK
         with TVM_LOCK:
@@ -89,6 +89,7 @@ class TvmBackend:
             manifest={"apache-tvm": TVM_VERSION, "apache-tvm-ffi": TVM_FFI_VERSION, "target": target_dict(req.target),
                       "pipeline": "cpu_generic fused" + (" + MetaSchedule database" if db else " (untuned)"),
                       "tuned": db is not None, "tuning_db": db.name if db else None, "compute_precision": "fp32",
+                      "tuning_db_sha256": database_sha256(db) if db else None,
                       "tuned_kernels": list(compiled.tuned_kernels) if db else None,
                       "proxy_tuned": proxy if db else None,
                       "compile_seconds": compiled.seconds, "runtime": rt.manifest(),

@@ -2,8 +2,8 @@
 
 ``edgepack tune`` extends ``<cache>/tvm-tuning/<target>-<key>/`` (a JSONDatabase); a workload
 (a fused kernel of given shapes) tuned once is skipped by later tunes and applied by every later
-build whose model contains it. Builds look there, or in ``EDGEPACK_TUNING_DB`` /
-``--tuning-db``. Measuring a candidate means running it, so targets of another architecture are
+build whose model contains it. Builds look there, or where ``--tuning-db`` (BuildOptions.tuning_db,
+recorded in the manifest with the database's content hash) says. Measuring a candidate means running it, so targets of another architecture are
 tuned here with a proxy target of the host's architecture: the schedules are valid anywhere
 (records are keyed by the workload), their speed on the device is unmeasured, and the database's
 meta.json says "proxy".
@@ -63,13 +63,12 @@ def is_database(path: Path) -> bool:
     return all((path / f).is_file() for f in DB_FILES)
 
 
-def find_database(model: LoadedModel, target: Target) -> tuple[Path | None, str]:
-    """(database folder or None, why) for a build."""
-    env = os.environ.get("EDGEPACK_TUNING_DB")
-    if env == "off":
+def find_database(target: Target, choice: str | None = None) -> tuple[Path | None, str]:
+    """(database folder or None, why) for a build; ``choice`` is BuildOptions.tuning_db."""
+    if choice == "off":
         return None, "tuning database switched off (--tuning-db off): untuned fused pipeline"
-    if env:
-        p = Path(env)
+    if choice:
+        p = Path(choice)
         if not is_database(p):
             raise UsageError(f"tuning database {p} does not exist or is incomplete (needs {' and '.join(DB_FILES)})",
                              hint="run `edgepack tune MODEL --target T --out-db PATH` first")
@@ -78,6 +77,12 @@ def find_database(model: LoadedModel, target: Target) -> tuple[Path | None, str]
     if is_database(p):
         return p, f"tuning database {p.name} (the target's, from `edgepack tune`)"
     return None, "no tuning database for this target: untuned fused pipeline (run `edgepack tune` for speed)"
+
+
+def database_sha256(path: Path) -> str:
+    """The content of a database (its two files), recorded in the manifest so that verify-build
+    knows whether the database at hand is the one the artifact was built with."""
+    return sha256_bytes(b"".join((path / f).read_bytes() for f in DB_FILES))
 
 
 def parse_budget(text: str) -> float:

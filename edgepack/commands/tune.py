@@ -1,8 +1,4 @@
-"""TVM commands (edgepack tune) register on the main group here.
-
-Also adds ``--tuning-db PATH`` to ``edgepack build``: the TVM backend reads the database folder
-from ``EDGEPACK_TUNING_DB``, which the option sets for the duration of the build.
-"""
+"""`edgepack tune`: TVM MetaSchedule tuning of a model's kernels for a target, within a time budget."""
 from __future__ import annotations
 
 import json
@@ -13,10 +9,10 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from .cli import cli, err_console, out_console
+from .common import err_console, out_console
 
 
-@cli.command()
+@click.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--target", "-t", "target_spec", required=True, help="Target name or alias.")
 @click.option("--budget", default="20m", show_default=True, metavar="DURATION",
@@ -39,11 +35,11 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
 
     The target's database accumulates: kernels another model already tuned are reused, and every
     later build for the target applies what is there."""
-    from .backends.tvm.tuning import parse_budget
-    from .backends.tvm.tuning import tune as run_tune
-    from .model import parse_shape_args
-    from .pipeline import BuildOptions, prepare
-    from .targets import TargetMatrix
+    from ..backends.tvm.tuning import parse_budget
+    from ..backends.tvm.tuning import tune as run_tune
+    from ..model import parse_shape_args
+    from ..pipeline import BuildOptions, prepare
+    from ..targets import TargetMatrix
 
     budget_s = parse_budget(budget)  # before any slow step: a typo fails at once
     target = TargetMatrix.load([Path(d) for d in targets_dir]).get(target_spec)
@@ -93,29 +89,4 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
             out_console.print(f"later `edgepack build` runs for {target.name} (any model) use it automatically")
 
 
-def _add_tuning_db_option() -> None:
-    build = cli.commands.get("build")
-    if build is None or any(p.name == "tuning_db" for p in build.params):
-        return
-    build.params.append(click.Option(["--tuning-db", "tuning_db"], default=None, metavar="PATH|off",
-                                     help="TVM: use this MetaSchedule database (from `edgepack tune --out-db`); "
-                                          "'off' builds untuned even when `edgepack tune` left one in the cache."))
-    inner = build.callback
-
-    def callback(*args, tuning_db=None, **kwargs):
-        if tuning_db is None:
-            return inner(*args, **kwargs)
-        old = os.environ.get("EDGEPACK_TUNING_DB")
-        os.environ["EDGEPACK_TUNING_DB"] = tuning_db if tuning_db == "off" else str(Path(tuning_db).resolve())
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            if old is None:
-                os.environ.pop("EDGEPACK_TUNING_DB", None)
-            else:
-                os.environ["EDGEPACK_TUNING_DB"] = old
-
-    build.callback = callback
-
-
-_add_tuning_db_option()
+COMMANDS = (tune,)

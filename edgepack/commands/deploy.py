@@ -1,4 +1,4 @@
-"""Deploy commands (edgepack deploy / devices / rollback / smoke) register on the main group here."""
+"""`edgepack deploy`, `devices`, `rollback` and `smoke`: artifacts onto devices over SSH."""
 from __future__ import annotations
 
 import functools
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from .cli import cli, err_console, out_console
-from .errors import DeployError
+from .common import err_console, out_console
+from ..errors import DeployError
 
 _INVENTORY_HELP = """Devices: --device NAME (from --inventory or ~/.ssh/config), user@host[:port], or `local`;
 --tag TAG selects every inventory device with that tag. Host keys are checked against known_hosts."""
@@ -45,9 +45,9 @@ def device_options(fn):
 
 
 def _setup(ctx, kw) -> tuple[list, object]:
-    from .deploy.engine import Options
-    from .deploy.inventory import load_inventory, select_devices
-    from .deploy.ssh import SSHOptions
+    from ..deploy.engine import Options
+    from ..deploy.inventory import load_inventory, select_devices
+    from ..deploy.ssh import SSHOptions
     inv = load_inventory(kw["inventory"]) if kw["inventory"] else None
     ssh_config = Path(kw["ssh_config"]).expanduser() if kw["ssh_config"] else None
     devices = select_devices(list(kw["device_specs"]), list(kw["tags"]), inv, ssh_config)
@@ -61,7 +61,7 @@ def _setup(ctx, kw) -> tuple[list, object]:
 
 
 def _report(command: str, results, kind: str, as_json: bool, title: str, extra: dict | None = None) -> None:
-    from .deploy.results import table
+    from ..deploy.results import table
     if as_json:
         click.echo(json.dumps({"command": command, **(extra or {}), "ok": all(r.ok for r in results),
                                "results": [r.to_json() for r in results]}, indent=1))
@@ -82,15 +82,15 @@ def _live(result) -> None:
     err_console.print(f"[dim]{result.device}: {result.status} ({result.seconds:.1f} s)[/dim]")
 
 
-@cli.command(epilog=_INVENTORY_HELP)
+@click.command(epilog=_INVENTORY_HELP)
 @click.argument("artifact", type=click.Path(path_type=Path))
 @device_options
 @click.option("--fail-fast", is_flag=True, help="Start no further device after the first failure.")
 @click.pass_context
 def deploy(ctx, artifact, fail_fast, **kw):
     """Push ARTIFACT to devices: verify, install atomically, selftest on the device, roll back on failure."""
-    from .deploy.artifact import inspect_artifact
-    from .deploy.engine import deploy_one, run_all
+    from ..deploy.artifact import inspect_artifact
+    from ..deploy.engine import deploy_one, run_all
     art = inspect_artifact(artifact)
     devices, opts = _setup(ctx, kw)
 
@@ -104,7 +104,7 @@ def deploy(ctx, artifact, fail_fast, **kw):
             {"artifact": {"path": str(art.path), "sha256": art.sha256, "target": art.target, "arch": art.arch}})
 
 
-@cli.group()
+@click.group()
 def devices():
     """Inspect devices (reachability, architecture, glibc, free disk)."""
 
@@ -114,7 +114,7 @@ def devices():
 @click.pass_context
 def devices_check(ctx, **kw):
     """Connect to each device: reachable, arch, glibc, free disk at dest, installed version."""
-    from .deploy.engine import check_one, run_all
+    from ..deploy.engine import check_one, run_all
     devs, opts = _setup(ctx, kw)
     results = run_all(devs, lambda d: check_one(d, opts), opts.parallel)
     _report("devices check", results, "check", kw["as_json"], "edgepack devices check")
@@ -127,7 +127,7 @@ def devices_list(inventory, as_json):
     """Print the devices of an inventory (no connection is made)."""
     from rich.table import Table
 
-    from .deploy.inventory import load_inventory
+    from ..deploy.inventory import load_inventory
     inv = load_inventory(inventory)
     rows = [{"name": d.name, "address": d.address, "target": d.target, "dest": d.dest, "tags": list(d.tags)}
             for d in inv.devices.values()]
@@ -142,25 +142,27 @@ def devices_list(inventory, as_json):
     out_console.print(t)
 
 
-@cli.command(epilog=_INVENTORY_HELP)
+@click.command(epilog=_INVENTORY_HELP)
 @device_options
 @click.pass_context
 def rollback(ctx, **kw):
     """Switch each device back to its previous version (again: forward), then selftest it."""
-    from .deploy.engine import rollback_one, run_all
+    from ..deploy.engine import rollback_one, run_all
     devs, opts = _setup(ctx, kw)
     results = run_all(devs, lambda d: rollback_one(d, opts), opts.parallel)
     _report("rollback", results, "rollback", kw["as_json"], "edgepack rollback")
 
 
-@cli.command(epilog=_INVENTORY_HELP)
+@click.command(epilog=_INVENTORY_HELP)
 @device_options
 @click.option("--bench", is_flag=True, help="Also run the artifact's benchmark on the device.")
 @click.pass_context
 def smoke(ctx, bench, **kw):
     """Re-run the installed artifact's selftest (and --bench) on each device."""
-    from .deploy.engine import run_all, smoke_one
+    from ..deploy.engine import run_all, smoke_one
     devs, opts = _setup(ctx, kw)
     results = run_all(devs, lambda d: smoke_one(d, opts, bench), opts.parallel)
     _report("smoke", results, "smoke", kw["as_json"], "edgepack smoke" + (" --bench" if bench else ""))
 
+
+COMMANDS = (deploy, devices, rollback, smoke)

@@ -10,8 +10,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .cli import cli
-from .errors import ArtifactError, EdgepackError, ModelError, UsageError
+from ..errors import ArtifactError, EdgepackError, ModelError, UsageError
 
 
 def _answer(model, result: dict) -> dict:
@@ -39,7 +38,7 @@ def _csv_rows(path: Path) -> np.ndarray:
     return np.array(rows)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True})
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--input", "-i", "inputs", multiple=True, metavar="[NAME=]FILE",
               help="image (baked preprocessing), .npy, JSON tensor or CSV rows")
@@ -69,7 +68,7 @@ class _MissingInput(UsageError):
 
 
 def _artifact_exit_code(exc: EdgepackError) -> int:
-    from . import sdk
+    from .. import sdk
     if isinstance(exc, (sdk.InputError, ArtifactError)) and not isinstance(exc, ModelError):
         return 3 if isinstance(exc, sdk.InputError) else 4
     if isinstance(exc, ModelError):
@@ -80,7 +79,7 @@ def _artifact_exit_code(exc: EdgepackError) -> int:
 
 
 def _run(model, inputs, input_dir, output, threads):
-    from . import sdk
+    from .. import sdk
     if not model.is_file():
         raise UsageError(f"{model}: no such file")
     if not inputs and not input_dir:
@@ -175,3 +174,6 @@ def _umask() -> int:
     m = os.umask(0)
     os.umask(m)
     return m
+
+
+COMMANDS = (run,)
