@@ -58,5 +58,37 @@ class DeployError(EdgepackError):
 
 
 class ArtifactError(EdgepackError):
-    """A file passed as an artifact is not an edgepack artifact."""
+    """A file passed as an artifact is not an edgepack artifact, or it failed to run."""
     exit_code = 11
+
+
+class InputError(EdgepackError):
+    """An input the model cannot take (wrong shape or dtype, undecodable file, ...). `edgepack run`
+    reports it with the artifact's own code for bad input (3)."""
+    exit_code = 12
+
+
+# OCI registries (edgepack push / pull / deploy REGISTRY/REPO:TAG): codes 20+ so other groups keep theirs.
+class RegistryError(EdgepackError):
+    """A registry could not be reached, refused plain HTTP, or answered outside the OCI protocol."""
+    exit_code = 20
+
+
+class RegistryAuthError(RegistryError):
+    """The registry wants credentials, or refused the ones given."""
+    exit_code = 21
+
+
+class RegistryNotFound(RegistryError):
+    """The repository, tag or digest does not exist in the registry."""
+    exit_code = 22
+
+
+class PlatformNotFound(RegistryError):
+    """The image index has no entry for the asked platform / target."""
+    exit_code = 23
+
+
+class IntegrityError(RegistryError):
+    """A pulled blob or file does not match its digest or sha256: nothing is written."""
+    exit_code = 24

@@ -21,18 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 
 from . import __version__
 from .backends import CompileRequest, EngineBuild, all_backends, get_backend
 from .bundle import BundleRequest, Bundled, bundle
 from .cache import sha256_bytes, sha256_file
-from .errors import EdgepackError, ToolMissingError, UnsupportedOpError, VerificationError
+from .errors import ArtifactError, EdgepackError, InputError, ToolMissingError, UnsupportedOpError, VerificationError
 from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_shapes, simplify
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
 from .reference import (POLICY, Comparison, Tolerance, check_input_sizes, compare, output_scale, random_inputs,
                         realistic_inputs, run_onnxruntime)
-from .runner import NATIVE, run_artifact
+from .runner import NATIVE, Artifact
 from .targets import Target
 from .toolchains import Toolchain
 
@@ -53,6 +52,8 @@ class BuildOptions:
     preprocess: str | None = None    # e.g. "image:size=224x224,layout=nhwc,dtype=uint8,mean=...,std=..."
     postprocess: str | None = None   # e.g. "softmax,topk=5,labels=labels.txt"
     tuning_db: str | None = None     # TVM MetaSchedule database: None the target's (if any), "off", or a folder
+    select: str = "fastest"          # auto: fastest | all | first (edgepack/selection.py)
+    bench_on: object = None          # selection.BenchDevice: time the candidates on this device over SSH
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ class TargetResult:
     min_cosine: float | None = None
     per_cpu: dict = field(default_factory=dict)
     rejected: tuple[dict, ...] = ()     # precision rungs tried and rejected, with their errors
+    selection: dict = field(default_factory=dict)  # auto's timed candidates and the one kept (selection.py)
 
     def to_json(self) -> dict:
         return {"target": self.target, "ok": self.ok, "backend": self.backend,
@@ -181,6 +183,7 @@ class TargetResult:
                 "rel_err": self.rel_err, "min_cosine": self.min_cosine, "per_cpu": self.per_cpu,
                 "precision_rejected": list(self.rejected), "seconds": round(self.seconds, 2),
                 "error": self.error, "hint": self.hint, "exit_code": self.exit_code, "notes": list(self.notes),
+                "selection": self.selection or None,
                 "sha256": sha256_file(self.path) if self.ok and self.path and Path(self.path).is_file() else None}
 
 
@@ -286,21 +289,12 @@ def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, work
         for name, arr in ref.items():
             scales[name] = max(scales.get(name, 0.0), output_scale(arr))
     for cpu in target.verify_cpus:
+        art = Artifact(path, cpu=cpu)
         for label, (inputs, ref) in prep.verify_cases.items():
-            args = ["run", "--threads", "1", "--output", str(vdir / f"out-{len(checks)}")]
-            for i, s in enumerate(model.inputs):
-                np.save(vdir / f"in{i}.npy", inputs[s.name])
-                args += ["--input", f"{s.name}={vdir / f'in{i}.npy'}"]
-            proc = run_artifact(path, args, cpu=cpu)
-            if proc.returncode != 0:
-                raise _rejected(f"{path.name} run failed on CPU {cpu} (exit {proc.returncode}): "
-                                f"{_tail(proc.stderr or proc.stdout)}", checks)
             try:
-                report = json.loads(proc.stdout)
-                got = {name: np.load(info["file"]) for name, info in report["outputs"].items()}
-            except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-                raise _rejected(f"{path.name} run on CPU {cpu} gave no readable outputs ({type(exc).__name__}: "
-                                f"{str(exc)[:120]}): {_tail(proc.stdout)}", checks) from None
+                got = art.predict({s.name: inputs[s.name] for s in model.inputs}, vdir / f"case-{len(checks)}")
+            except (ArtifactError, InputError) as exc:
+                raise _rejected(f"run failed on CPU {cpu}: {exc.message}", checks) from None
             check = Check(cpu, label, tuple(compare(got, ref, tol, scales)))
             checks.append(check)
             w = check.worst()
@@ -310,7 +304,7 @@ def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, work
                 raise _rejected(f"{path.name} disagrees with onnxruntime on output {w.name} ({_runner(cpu)}, "
                                 f"{label} input): {w.why()}", checks)
         # one inference is enough to check the golden output (under qemu each costs seconds)
-        st = run_artifact(path, ["selftest", "--threads", "1", "--runs", "1", "--warmup", "0"], cpu=cpu)
+        st = art.run(["selftest", "--threads", "1", "--runs", "1", "--warmup", "0"], check=False)
         selftests[cpu] = st.stdout.strip()
         if st.returncode != 0:
             raise _rejected(f"{path.name} selftest failed on CPU {cpu}: {selftests[cpu] or _tail(st.stderr)}", checks)
@@ -343,17 +337,43 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
     # issue 9 item 4: NCNN on what it can take + TVM for the rest, before a whole-graph fallback
     from .partition_build import with_split
     candidates = with_split(candidates, model, target, opts.backend)
+    # issue 10 item 4: where the candidates can be timed, every one that verifies is built (into a
+    # staging folder) and the fastest kept; elsewhere the first that verifies
+    from . import selection
+    timing = selection.where_to_time(target, opts.select, opts.bench_on) \
+        if opts.backend == "auto" and opts.verify else None
+    verified, not_built = [], []
+    stage = tempfile.TemporaryDirectory(prefix=f"edgepack-select-{target.name}-") if timing else None
+    try:
+        return _build_candidates(prep, target, opts, tc, log, candidates, reasons, rejected, t0, timing,
+                                 verified, not_built, stage)
+    finally:
+        if stage:
+            stage.cleanup()
+
+
+def _build_candidates(prep, target, opts, tc, log, candidates, reasons, rejected, t0, timing, verified,
+                      not_built, stage) -> TargetResult:
+    from . import selection
+    last: EdgepackError | None = None
     for name, why_not in candidates:
         if why_not:
             reasons.append(why_not)
             log(f"[{target.name}] skip {why_not}")
             continue
+        if timing and (why_not := selection.skip_reason(name, verified, target, opts.tuning_db, opts.select)):
+            not_built.append(why_not)
+            log(f"[{target.name}] {why_not}")
+            continue
         backend = get_backend(name)
         rungs = precision_ladder(backend, target, opts.precision)
         for rung in rungs:
             try:
-                res = _attempt(prep, target, opts, tc, log, name, backend, rung, reasons, rejected, t0)
-                return res
+                if not timing:
+                    return _attempt(prep, target, opts, tc, log, name, backend, rung, reasons, rejected, t0)
+                staged = dataclasses.replace(opts, out_dir=Path(stage.name) / f"c{len(verified)}")
+                verified.append(_attempt(prep, target, staged, tc, log, name, backend, rung, reasons, rejected, t0))
+                break
             except VerificationError as exc:
                 # the artifact is wrong at this precision: the next rung down, then the next backend
                 checks = getattr(exc, "checks", ())
@@ -373,6 +393,9 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
         if opts.backend != "auto" and last is not None:
             return TargetResult(target.name, False, name, seconds=time.monotonic() - t0, error=last.message,
                                 hint=last.hint, exit_code=last.exit_code, rejected=tuple(rejected))
+    if verified:
+        return selection.keep_fastest(verified, timing, opts, tuple(not_built), tuple(reasons), t0,
+                                      lambda m: log(f"[{target.name}] {m}"))
     if not reasons:
         reasons.append("no backend configured")
     msg = "; ".join(reasons)

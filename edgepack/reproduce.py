@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .cache import sha256_file
 from .errors import ArtifactError, ModelError, TargetError
-from .runner import run_artifact
+from .runner import Artifact
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,7 @@ def read_manifest(artifact: Path) -> dict:
     sidecar = artifact.with_name(artifact.name + ".json")
     if sidecar.is_file():
         return json.loads(sidecar.read_text())
-    try:
-        proc = run_artifact(artifact, ["info", "--json"], timeout=120)
-        return json.loads(proc.stdout)
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{artifact}: not an edgepack artifact (no manifest)") from exc
+    return Artifact(artifact).manifest()
 
 
 def _tuning_db(manifest: dict, given: Path | None) -> str | None:

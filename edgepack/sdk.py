@@ -15,22 +15,19 @@ artifact's runtime does. Files: images (when built with image preprocessing), .n
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
-from .errors import ArtifactError, EdgepackError, UsageError
+from .errors import ArtifactError, InputError, UsageError
 from .model import TensorSpec
+from .runner import Artifact
+
+__all__ = ["load", "Model", "OnnxModel", "ArtifactModel", "InputError"]
 
 _DTYPES = {"float32", "float64", "int32", "int64", "uint8", "int8", "bool", "float16"}
-
-
-class InputError(EdgepackError):
-    """An input the model cannot take (wrong shape, undecodable file, ...)."""
-    exit_code = 12
 
 
 def load(path, *, threads: int = 1, qemu_cpu: str | None = None) -> "Model":
@@ -166,7 +163,6 @@ class ArtifactModel(Model):
     kind = "artifact"
 
     def __init__(self, path: Path, threads: int = 1, qemu_cpu: str | None = None):
-        from .runner import command_for
         self.path = path.resolve()
         self.threads = threads
         sidecar = self.path.with_name(self.path.name + ".json")
@@ -175,46 +171,19 @@ class ArtifactModel(Model):
                 qemu_cpu = json.loads(sidecar.read_text()).get("target", {}).get("qemu_cpu")
             except (ValueError, AttributeError):
                 qemu_cpu = None
-        self._cmd = command_for(self.path, qemu_cpu)
-        proc = self._run(["info", "--json"])
-        try:
-            self.manifest = json.loads(proc.stdout)
-        except ValueError:
-            raise ArtifactError(f"{path}: not an edgepack artifact (info printed no manifest)") from None
+        self.artifact = Artifact(self.path, qemu_cpu=qemu_cpu)
+        self.manifest = self.artifact.manifest()
         spec = lambda d: TensorSpec(d["name"], tuple(d["shape"]), d["dtype"])  # noqa: E731
         self.inputs = tuple(spec(d) for d in self.manifest["inputs"])
         self.outputs = tuple(spec(d) for d in self.manifest["outputs"])
         self.prepost = self.manifest.get("prepost", {})
         self.backend = self.manifest.get("backend", {}).get("name", "?")
 
-    def _run(self, args: list[str], check: bool = True) -> subprocess.CompletedProcess:
-        try:
-            proc = subprocess.run(self._cmd + args, capture_output=True, text=True, timeout=3600, errors="replace")
-        except OSError as exc:
-            raise ArtifactError(f"{self.path}: cannot run ({exc})") from None
-        if check and proc.returncode != 0:
-            self._raise(proc)
-        return proc
-
-    def _raise(self, proc: subprocess.CompletedProcess):
-        msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        msg = msg[-1] if msg else f"exit {proc.returncode}"
-        if msg.startswith("error: "):
-            msg = msg[7:]
-        raise (InputError if proc.returncode == 3 else ArtifactError)(f"{self.path.name}: {msg}")
-
     def predict(self, x) -> dict[str, np.ndarray]:
         with tempfile.TemporaryDirectory(prefix="edgepack-sdk-") as tmp:
-            tmp = Path(tmp)
-            args = ["run", "--threads", str(self.threads), "--output", str(tmp / "out")]
             if isinstance(x, (str, Path)):
-                args += ["--input", str(Path(x).resolve())]
-            else:
-                for i, (name, arr) in enumerate(self._as_dict(x).items()):
-                    np.save(tmp / f"in{i}.npy", arr)
-                    args += ["--input", f"{name}={tmp / f'in{i}.npy'}"]
-            report = json.loads(self._run(args).stdout)
-            return {name: np.load(info["file"]) for name, info in report["outputs"].items()}
+                return self.artifact.predict(None, Path(tmp), threads=self.threads, files=[str(Path(x).resolve())])
+            return self.artifact.predict(self._as_dict(x), Path(tmp), threads=self.threads)
 
     def predict_batch(self, xs: Iterable) -> list[dict[str, np.ndarray]]:
         """One artifact process for the whole batch (run --input-dir), for single-input models."""
@@ -230,11 +199,11 @@ class ArtifactModel(Model):
                     (tmp / "in" / f"{i:08d}{src.suffix.lower()}").write_bytes(src.read_bytes())
                 else:
                     np.save(tmp / "in" / f"{i:08d}.npy", self._as_dict(x)[self.inputs[0].name])
-            proc = self._run(["run", "--threads", str(self.threads), "--input-dir", str(tmp / "in"),
-                              "--output", str(tmp / "out.jsonl")], check=False)
+            proc = self.artifact.run(["run", "--threads", str(self.threads), "--input-dir", str(tmp / "in"),
+                                      "--output", str(tmp / "out.jsonl")], check=False)
             # exit 3 with error lines: some items failed, reported per item below
             if proc.returncode not in (0, 3) or not (tmp / "out.jsonl").is_file():
-                self._raise(proc)
+                raise self.artifact.error(proc)
             lines = [json.loads(ln) for ln in (tmp / "out.jsonl").read_text().splitlines() if ln.strip()]
         if len(lines) != len(xs):
             raise ArtifactError(f"{self.path.name}: {len(lines)} results for {len(xs)} inputs")

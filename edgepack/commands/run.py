@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import click
 import numpy as np
 
-from ..errors import ArtifactError, EdgepackError, ModelError, UsageError
+from ..errors import ArtifactError, EdgepackError, InputError, ModelError, UsageError
 
 
 def _answer(model, result: dict) -> dict:
@@ -68,9 +67,8 @@ class _MissingInput(UsageError):
 
 
 def _artifact_exit_code(exc: EdgepackError) -> int:
-    from .. import sdk
-    if isinstance(exc, (sdk.InputError, ArtifactError)) and not isinstance(exc, ModelError):
-        return 3 if isinstance(exc, sdk.InputError) else 4
+    if isinstance(exc, (InputError, ArtifactError)) and not isinstance(exc, ModelError):
+        return 3 if isinstance(exc, InputError) else 4
     if isinstance(exc, ModelError):
         return 4
     if isinstance(exc, _MissingInput):
@@ -85,7 +83,7 @@ def _run(model, inputs, input_dir, output, threads):
     if not inputs and not input_dir:
         raise UsageError("give --input FILE or --input-dir DIR")
     if model.read_bytes()[:4] == b"\x7fELF":
-        art = sdk.ArtifactModel(model, threads=threads)
+        art = sdk.ArtifactModel(model, threads=threads).artifact
         args = ["run", "--threads", str(threads)]
         for i in inputs:
             args += ["--input", i]
@@ -93,7 +91,7 @@ def _run(model, inputs, input_dir, output, threads):
             args += ["--input-dir", str(input_dir)]
         if output:
             args += ["--output", str(output)]
-        proc = subprocess.run(art._cmd + args)
+        proc = art.run(args, check=False, capture=False)  # its own output and exit code, as if run directly
         if proc.returncode:
             raise SystemExit(proc.returncode)
         return
@@ -134,7 +132,7 @@ def _run(model, inputs, input_dir, output, threads):
             out.write(json.dumps(_answer(m, res)) + "\n")
     if failed:
         print(f"{total} files: {total - failed} ok, {failed} failed", file=sys.stderr)
-        raise sdk.InputError(f"{failed} of {total} files failed (their error lines are in {output or 'the output'})")
+        raise InputError(f"{failed} of {total} files failed (their error lines are in {output or 'the output'})")
 
 
 def _check_output(output: Path, inputs: list, input_dir) -> None:
