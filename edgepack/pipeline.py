@@ -332,7 +332,6 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
     t0 = time.monotonic()
     model = prep.model
     reasons, rejected = [], []
-    last: EdgepackError | None = None
     candidates = backend_candidates(model, target, opts.backend)
     # issue 9 item 4: NCNN on what it can take + TVM for the rest, before a whole-graph fallback
     from .partition_build import with_split
@@ -480,14 +479,16 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
 
 def build(model_path: Path, targets: list[Target], opts: BuildOptions, log: Callable[[str], None] = print,
           on_result: Callable[[TargetResult], None] | None = None) -> list[TargetResult]:
-    tc = Toolchain.load()
-    tc.check()
+    # each target names its toolchain (targets/*.toml `toolchain`, a toolchains/<name>.toml)
+    toolchains = {name: Toolchain.load(name) for name in sorted({t.toolchain for t in targets})}
+    for tc in toolchains.values():
+        tc.check()
     prep = prepare(Path(model_path), opts)
     for note in prep.model.notes:
         log(note)
     def one(target: Target) -> TargetResult:
         try:
-            res = build_target(prep, target, opts, tc, log)
+            res = build_target(prep, target, opts, toolchains[target.toolchain], log)
         except EdgepackError as exc:
             res = TargetResult(target.name, False, error=exc.message, hint=exc.hint, exit_code=exc.exit_code)
         except Exception as exc:  # a bug must not stop the other targets; report it fully

@@ -17,15 +17,16 @@ class Prefetched:
 
 
 def prefetch(targets: list[Target], log=print) -> list[Prefetched]:
-    tc = Toolchain.load()
-    tc.check()
+    toolchains = {name: Toolchain.load(name) for name in sorted({t.toolchain for t in targets})}
+    for tc in toolchains.values():
+        tc.check()
     by_key: dict[str, list[Target]] = {}
     for t in targets:
-        key, _ = library_key(t, tc)
+        key, _ = library_key(t, toolchains[t.toolchain])
         by_key.setdefault(key, []).append(t)
     done = []
     for key, group in by_key.items():
-        lib = build_library(group[0], tc, log=log)
+        lib = build_library(group[0], toolchains[group[0].toolchain], log=log)
         done.append(Prefetched(str(lib.lib), key, tuple(t.name for t in group)))
         log(f"libncnn for {', '.join(t.name for t in group)}: {lib.lib}")
     return done

@@ -99,13 +99,26 @@ def parse_target(data: dict, path: Path) -> Target:
     aliases = tuple(data.get("aliases", []))
     features = tuple(data.get("features", []))
     verify_cpus = _verify_cpus(data, triple.arch, path)
+    toolchain = _toolchain(data, path)
     return Target(
         name=name, description=str(data.get("description", "")), triple=triple, cpu=cpu,
         features=features, link=link, page_size=page_size, verify_cpus=verify_cpus, backends=backends,
-        toolchain=str(data.get("toolchain", "zig")), fp16_arithmetic=bool(data.get("fp16_arithmetic", False)),
+        toolchain=toolchain, fp16_arithmetic=bool(data.get("fp16_arithmetic", False)),
         aliases=aliases, backend_options={k: data[k] for k in ("ncnn", "tvm") if k in data},
         source=str(path),
     )
+
+
+def _toolchain(data: dict, path: Path) -> str:
+    """The toolchain a target builds with: a toolchains/<name>.toml that must exist (the build
+    loads it per target)."""
+    from .resources import toolchains_dir
+    name = data.get("toolchain", "zig")
+    known = sorted(p.stem for p in toolchains_dir().glob("*.toml"))
+    if not isinstance(name, str) or name not in known:
+        raise TargetError(f"{path}: unknown toolchain {name!r}; known: {', '.join(known)}",
+                          hint="toolchains are files in toolchains/<name>.toml")
+    return name
 
 
 def _verify_cpus(data: dict, arch: str, path: Path) -> tuple[str, ...]:

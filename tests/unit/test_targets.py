@@ -77,6 +77,7 @@ def test_unknown_target_suggests_nearest():
     ({"name": "x", "triple": "aarch64-linux-gnu.2.31", "qemu_cpu": "max"}, "link = \"dynamic\""),
     ({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "max", "cpus": "a"}, "did you mean 'cpu'"),
     ({"triple": "aarch64-linux-musl"}, "missing key 'name'"),
+    ({"name": "x", "triple": "aarch64-linux-musl", "qemu_cpu": "max", "toolchain": "gcc"}, "unknown toolchain 'gcc'"),
 ])
 def test_target_validation_errors(data, needle):
     with pytest.raises(TargetError) as e:
@@ -139,3 +140,11 @@ def test_legacy_qemu_cpu_still_names_the_one_verification_cpu():
     assert x.verify_cpus == ("native",)
     assert parse_target({"name": "x", "triple": "x86_64-linux-musl", "verify_cpus": ["native", "Nehalem"]},
                         Path("t.toml")).verify_cpus == ("native", "Nehalem")
+
+
+def test_every_builtin_target_names_a_toolchain_file_the_build_loads():
+    from edgepack.toolchains import Toolchain
+    m = TargetMatrix.load()
+    for name in m.names():
+        t = m.get(name)
+        assert Toolchain.load(t.toolchain).name == t.toolchain
