@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,11 +32,9 @@ def module_lab(tmp_path_factory):
 
 
 def edgepack(*args, timeout: float = 300, env=None) -> subprocess.CompletedProcess:
-    """The real command line, in a subprocess (exit codes and stderr exactly as a user sees them)."""
-    # a wide console: rich would otherwise wrap the table's cells at 80 columns
-    env = {**os.environ, "COLUMNS": "250", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "edgepack", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=env)
+    """conftest.run_edgepack from the repository root, with a deploy-sized timeout."""
+    from conftest import run_edgepack
+    return run_edgepack(*args, cwd=REPO, timeout=timeout, env=env)
 
 
 def edgepack_json(*args, timeout: float = 300) -> tuple[int, dict, str]:
