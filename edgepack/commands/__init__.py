@@ -7,6 +7,6 @@ from __future__ import annotations
 
 def all_commands():
     """Every top-level command, in the order of `edgepack --help` sections."""
-    from . import build, deploy, info, run, tune
-    for module in (build, run, info, tune, deploy):
+    from . import build, deploy, info, oci, run, tune
+    for module in (build, run, info, tune, deploy, oci):
         yield from module.COMMANDS

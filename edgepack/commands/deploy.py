@@ -86,9 +86,18 @@ def _live(result) -> None:
 @click.argument("artifact", type=click.Path(path_type=Path))
 @device_options
 @click.option("--fail-fast", is_flag=True, help="Start no further device after the first failure.")
+@click.option("--insecure-registry", "insecure", is_flag=True,
+              help="ARTIFACT is REGISTRY/REPO:TAG on a plain-HTTP registry (see `edgepack push --help`).")
 @click.pass_context
-def deploy(ctx, artifact, fail_fast, **kw):
-    """Push ARTIFACT to devices: verify, install atomically, selftest on the device, roll back on failure."""
+def deploy(ctx, artifact, fail_fast, insecure, **kw):
+    """Push ARTIFACT to devices: verify, install atomically, selftest on the device, roll back on failure.
+
+    ARTIFACT may be REGISTRY/REPO:TAG (pushed with `edgepack push`): each device gets the entry of its
+    inventory target or of its architecture, pulled once here and checked by digest.
+    """
+    from ..oci.ref import looks_like_reference
+    if not artifact.exists() and looks_like_reference(str(artifact)):
+        return _deploy_from_registry(ctx, str(artifact), fail_fast, insecure, kw)
     from ..deploy.artifact import inspect_artifact
     from ..deploy.engine import deploy_one, run_all
     art = inspect_artifact(artifact)
@@ -102,6 +111,22 @@ def deploy(ctx, artifact, fail_fast, **kw):
     results = run_all(devices, one, opts.parallel, fail_fast)
     _report("deploy", results, "deploy", kw["as_json"], f"edgepack deploy {art.name} ({art.target}, {art.short})",
             {"artifact": {"path": str(art.path), "sha256": art.sha256, "target": art.target, "arch": art.arch}})
+
+
+def _deploy_from_registry(ctx, reference: str, fail_fast: bool, insecure: bool, kw) -> None:
+    from ..deploy.engine import run_all
+    from ..deploy.registry import deploy_one_from, open_source
+    source = open_source(reference, insecure)  # bad reference / credentials: one error before any device
+    devices, opts = _setup(ctx, kw)
+
+    def one(dev):
+        res = deploy_one_from(dev, source, opts)
+        _live(res)
+        return res
+
+    results = run_all(devices, one, opts.parallel, fail_fast)
+    _report("deploy", results, "deploy", kw["as_json"], f"edgepack deploy {source.ref}",
+            {"reference": str(source.ref), "digest": source.index_digest})
 
 
 @click.group()
