@@ -31,6 +31,7 @@ from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_sha
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
 from .reference import (POLICY, Comparison, Tolerance, check_input_sizes, compare, output_scale, random_inputs,
                         realistic_inputs, run_onnxruntime)
+from .progress import StepProgress
 from .runner import NATIVE, Artifact
 from .targets import Target
 from .toolchains import Toolchain
@@ -278,16 +279,25 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
 def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, workdir: Path,
            log: Callable[[str], None] = lambda m: None) -> Verification:
     """Run the artifact on every CPU the target may meet (qemu models, or this machine), on each
-    verification input and on its own selftest; stop at the first disagreement."""
-    model = prep.model
+    verification input and on its own selftest; stop at the first disagreement. Under qemu each run
+    takes seconds to minutes: a progress bar on a terminal counts them."""
     vdir = workdir / "verify"
     vdir.mkdir(parents=True, exist_ok=True)
-    checks, selftests = [], {}
     # each output's scale: the largest it shows on any input we know the answer for
     scales = {}
     for ref in [r for _, r in prep.verify_cases.values()] + [prep.golden_outputs]:
         for name, arr in ref.items():
             scales[name] = max(scales.get(name, 0.0), output_scale(arr))
+    steps = len(target.verify_cpus) * (len(prep.verify_cases) + 1)  # the runs, and one selftest per CPU
+    with StepProgress(f"[{target.name}] verifying on {len(target.verify_cpus)} CPU(s)", lambda m: None) as progress:
+        return _verify_runs(path, target, prep, tol, vdir, scales, lambda: progress.advance(steps),
+                            log)
+
+
+def _verify_runs(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, vdir: Path, scales: dict,
+                 step_done: Callable[[], None], log) -> Verification:
+    model = prep.model
+    checks, selftests = [], {}
     for cpu in target.verify_cpus:
         art = Artifact(path, cpu=cpu)
         for label, (inputs, ref) in prep.verify_cases.items():
@@ -297,6 +307,7 @@ def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, work
                 raise _rejected(f"run failed on CPU {cpu}: {exc.message}", checks) from None
             check = Check(cpu, label, tuple(compare(got, ref, tol, scales)))
             checks.append(check)
+            step_done()
             w = check.worst()
             log(f"{_runner(cpu)}, {label} input: {w.name} max error {w.max_abs_err:.2e} "
                 f"({w.rel_err:.2%} of scale), cosine {w.cosine if w.cosine is not None else '-'}")
@@ -306,6 +317,7 @@ def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, work
         # one inference is enough to check the golden output (under qemu each costs seconds)
         st = art.run(["selftest", "--threads", "1", "--runs", "1", "--warmup", "0"], check=False)
         selftests[cpu] = st.stdout.strip()
+        step_done()
         if st.returncode != 0:
             raise _rejected(f"{path.name} selftest failed on CPU {cpu}: {selftests[cpu] or _tail(st.stderr)}", checks)
     return Verification(tuple(checks), selftests)

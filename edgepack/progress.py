@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from typing import Callable
 
 # ninja prints "[N/M] ..." per finished edge; CMake's Makefiles print "[ NN%]"
@@ -18,8 +19,38 @@ def parse_step(line: str) -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
+class _SharedBar:
+    """One live rich display on stderr for every step in progress: targets build side by side in
+    threads, and rich allows only one live display at a time."""
+    lock = threading.Lock()
+    bar = None
+    users = 0
+
+    @classmethod
+    def add(cls, what: str):
+        with cls.lock:
+            if cls.bar is None:
+                from rich.console import Console
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+                cls.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                   TimeElapsedColumn(), transient=True, console=Console(stderr=True))
+                cls.bar.start()
+            cls.users += 1
+            return cls.bar, cls.bar.add_task(what, total=None)
+
+    @classmethod
+    def remove(cls, task) -> None:
+        with cls.lock:
+            cls.bar.remove_task(task)
+            cls.users -= 1
+            if cls.users == 0:
+                cls.bar.stop()
+                cls.bar = None
+
+
 class StepProgress:
-    """``update(done, total)`` as a step finishes; use as a context manager."""
+    """``update(done, total)`` as a step finishes; use as a context manager (thread-safe: steps of
+    targets built side by side share one display)."""
 
     def __init__(self, what: str, log: Callable[[str], None] | None = None, *, terminal: bool | None = None):
         self.what = what
@@ -28,14 +59,11 @@ class StepProgress:
         self._bar = None
         self._task = None
         self._tenth = 0  # the first line comes at 10%
+        self._done = 0
 
     def __enter__(self) -> "StepProgress":
         if self.terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task(self.what, total=None)
+            self._bar, self._task = _SharedBar.add(self.what)
         return self
 
     def update(self, done: int, total: int) -> None:
@@ -47,6 +75,11 @@ class StepProgress:
             self._tenth = tenth
             self.log(f"{self.what}: {done}/{total} steps ({10 * tenth}%)")
 
+    def advance(self, total: int) -> None:
+        """One more step of ``total`` finished."""
+        self._done += 1
+        self.update(self._done, total)
+
     def feed(self, line: str) -> None:
         step = parse_step(line)
         if step:
@@ -54,4 +87,5 @@ class StepProgress:
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            _SharedBar.remove(self._task)
+            self._bar = None

@@ -23,6 +23,7 @@ from ... import proc
 from ...cache import cache_root, key_of, locked
 from ...elf import check_archive_arch
 from ...errors import BuildError, ToolMissingError
+from ...progress import StepProgress
 from ...resources import runtimes_dir
 from ...sources import PinnedSource, fetch
 from ...targets import Target
@@ -159,9 +160,12 @@ def build_runtime(target: Target, toolchain: Toolchain, *, log=None) -> TvmRunti
                      cwd=root)
             return lib, obj
 
-        with ThreadPoolExecutor(max_workers=_jobs()) as pool:
-            for lib, obj in pool.map(one, units):
+        what = f"building the TVM runtime for {target.triple.zig}"
+        with ThreadPoolExecutor(max_workers=_jobs()) as pool, \
+                StepProgress(what, log or (lambda m: None)) as progress:
+            for done, (lib, obj) in enumerate(pool.map(one, units), 1):
                 objs[lib].append(obj)
+                progress.update(done, len(units))
         (root / "lib").mkdir()
         for lib, archive in zip(("tvm", "ffi"), archives):
             proc.run(toolchain.zig() + ["ar", "rcs", str(archive)] + [str(o) for o in sorted(objs[lib])],
