@@ -11,6 +11,7 @@
  * on. Binds 127.0.0.1 unless told otherwise; exits 0 after --idle-timeout seconds without a request. */
 #define _GNU_SOURCE
 #include "ep_server.h"
+#include "ep_page.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -121,10 +122,11 @@ static const char *reason(int code) {
 
 /* The whole answer in one owned buffer (c->out); on out of memory the connection just closes. */
 static void set_answer(conn *c, int code, const char *ctype, const char *body, size_t len) {
-    char head[512];
+    char head[768];
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n"
-                     "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n%s\r\n",
+                     "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+                     "Content-Security-Policy: " EP_PAGE_CSP "\r\n%s\r\n",
                      code, reason(code), ctype, len, c->keep ? "keep-alive" : "close",
                      code == 405 ? "Allow: GET, POST\r\n" : "");
     free(c->out);
@@ -409,13 +411,13 @@ static void on_head(server *s, conn *c, int hl) {
     int is_get = strcmp(rq->method, "GET") == 0, is_post = strcmp(rq->method, "POST") == 0;
     char *q = strchr(rq->path, '?');
     if (q) *q = 0;
-    int known = !strcmp(rq->path, "/") || !strcmp(rq->path, "/health") || !strcmp(rq->path, "/info") ||
-                !strcmp(rq->path, "/predict");
+    const ep_page_asset *page = ep_page_find(rq->path);
+    int known = page || !strcmp(rq->path, "/health") || !strcmp(rq->path, "/info") || !strcmp(rq->path, "/predict");
     if (is_get && known && strcmp(rq->path, "/predict") != 0) {
         if (rq->chunked || rq->content_length > 0) c->keep = 0; /* a GET body is not read: do not parse it as a request */
         consume_in(c, (size_t)hl);
-        if (!strcmp(rq->path, "/")) {
-            set_answer(c, 200, "text/html; charset=utf-8", ep_page_html, strlen(ep_page_html));
+        if (page) {
+            set_answer(c, 200, page->content_type, page->body, page->len);
         } else if (!strcmp(rq->path, "/health")) {
             char b[160];
             int n = snprintf(b, sizeof b, "{\"status\": \"ok\", \"served\": %ld, \"errors\": %ld}\n", load(&s->served),
