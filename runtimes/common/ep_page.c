@@ -23,7 +23,7 @@ const char ep_page_html[] =
     "<canvas id=canvas role=img aria-label='the uploaded image' hidden></canvas>"
     "<ol id=top aria-label='top classes'></ol>"
     "<div class=tw><table id=dets hidden><caption id=dcap></caption><thead><tr><th scope=col>#<th scope=col>label"
-    "<th scope=col>score<th scope=col>x1<th scope=col>y1<th scope=col>x2<th scope=col>y2</thead><tbody id=dbody></tbody></table></div>"
+    "<th scope=col>score<th scope=col>box (x1, y1, x2, y2)</thead><tbody id=dbody></tbody></table></div>"
     "<details id=raw open><summary>Answer (JSON)</summary><pre id=result></pre></details>"
     "</main></body></html>"
     "\n";
@@ -89,7 +89,7 @@ static const char page_js[] =
     "function table(d){\n"
     "d.forEach((o,i)=>{const r=el('tr'),l=el('td'),s=el('span',null,'sw'),col=colour(o.index);\n"
     "r.dataset.colour=col;s.style.background=col;s.setAttribute('aria-hidden','true');l.append(s,el('span',o.label));\n"
-    "r.append(el('td',i+1),l,el('td',num(o.score,3)),...[0,1,2,3].map(k=>el('td',okBox(o)?num(o.box[k],1):'\\u2014')));$('dbody').append(r)});\n"
+    "r.append(el('td',i+1),l,el('td',num(o.score,3)),el('td',okBox(o)?o.box.map(v=>num(v,0)).join(', '):'\\u2014'));$('dbody').append(r)});\n"
     "$('dcap').textContent=d.length?d.length+' detection'+(d.length>1?'s':''):'no detections above the threshold';\n"
     "$('dets').hidden=false}\n"
     "function show(j,pic){\n"
@@ -109,8 +109,7 @@ static const char page_js[] =
     "else if(!t)t='application/octet-stream';\n"
     "const pic=/^image\\/(png|jpeg|gif|webp|bmp)$/.test(t)&&window.createImageBitmap?createImageBitmap(f).catch(()=>null):Promise.resolve(null);\n"
     "post(f,t,pic)};\n"
-    "$('send').onclick=()=>{const v=$('text').value.trim();post(v,/^[\\[{]/.test(v)?'application/json':'text/csv',Promise.resolve(null))};\n"
-;
+    "$('send').onclick=()=>{const v=$('text').value.trim();post(v,/^[\\[{]/.test(v)?'application/json':'text/csv',Promise.resolve(null))};\n";
 
 static const ep_page_asset assets[] = {
     {"/", "text/html; charset=utf-8", ep_page_html, sizeof ep_page_html - 1},
