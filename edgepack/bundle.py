@@ -17,7 +17,7 @@ from .targets import Target
 from .toolchains import Toolchain
 
 COMMON_SOURCES = ("ep_util.c", "ep_npy.c", "ep_cli.c", "ep_main.c", "ep_json.c", "ep_http.c", "ep_csv.c",
-                  "ep_predict.c", "ep_serve.c", "ep_batch.c", "ep_page.c", "ep_engine_seq.c")
+                  "ep_predict.c", "ep_serve.c", "ep_batch.c", "ep_page.c", "ep_engine_seq.c", "ep_emulation.c", "ep_detect.c")
 # ep_image.c includes stb_image.h from Debian's libstb-dev (a well-kept decoder, not vendored); only
 # artifacts with baked image preprocessing link it, the others a stub (ep_image_none.c, ~35 KB less).
 STB_INCLUDE_DIR = Path("/usr/include/stb")

@@ -67,6 +67,9 @@ def test_real_artifacts_deploy_and_smoke_on_all_device_kinds(lab, tiny_artifacts
     for r in data["results"]:
         assert r["status"] == "pass" and r["latency_ms"] > 0
         assert r["bench"] and r["bench"]["median_ms"] > 0, r
+    # the arm64 device runs the artifact through qemu-user (binfmt): its timings say so
+    emulated = {r["device"]: r["bench"]["emulated"] for r in data["results"]}
+    assert emulated == {"pc": False, "pi": True}, emulated
 
 
 def test_versioned_layout_rollback_and_roll_forward(lab, tmp_path):

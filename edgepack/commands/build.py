@@ -18,7 +18,8 @@ BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--target", "-t", "target_specs", multiple=True, help="Target name or alias; repeat or comma-separate.")
 @click.option("--all", "all_targets", is_flag=True, help="Build for every target in the matrix.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("dist"), show_default=True,
+              help="Folder the artifacts (and their .json manifests) are written to.")
 @click.option("--backend", default="auto", show_default=True, help="ncnn, tvm or auto.")
 @click.option("--fp16/--fp32", "fp16", default=True, show_default=True,
               help="--fp16: fp16 allowed, the first of fp16 arithmetic / fp16 storage / fp32 that verifies on "

@@ -11,10 +11,16 @@ from .common import out_console, target_dirs
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the matrix as JSON on stdout.")
+@click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path), help="Extra folder of target .toml files.")
 def targets(as_json, targets_dir):
-    """Print the target matrix."""
+    """Print the target matrix (a TSV table when stdout is not a terminal).
+
+    \b
+    Examples:
+      edgepack targets
+      edgepack targets --targets-dir my-targets/ --json
+    """
     from ..targets import TargetMatrix
     matrix = TargetMatrix.load(target_dirs(targets_dir))
     rows = [matrix.targets[n].summary() for n in matrix.names()]
@@ -34,7 +40,13 @@ def _verified_under(summary: dict) -> str:
 
 @click.command()
 def doctor():
-    """List the tools edgepack needs, found or missing, and how to install them."""
+    """List the tools edgepack needs, found or missing, and how to install them (exit 6 if any is missing).
+
+    \b
+    Examples:
+      edgepack doctor
+      edgepack doctor | grep missing
+    """
     from ..doctor import checks
     found = checks()
     bad = sum(not c.ok for c in found)
@@ -46,8 +58,9 @@ def doctor():
 
 @click.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
+              help="Fix symbolic input dims before the op and target checks.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report (or the artifact's manifest) as JSON.")
 def inspect(model, input_shapes, as_json):
     """MODEL (.onnx): inputs, outputs, ops x backends and the verdict per target. ARTIFACT: its manifest.
 

@@ -43,7 +43,8 @@ def _csv_rows(path: Path) -> np.ndarray:
               help="image (baked preprocessing), .npy, JSON tensor or CSV rows")
 @click.option("--input-dir", type=click.Path(path_type=Path), help="every file in DIR; one JSON line each")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="results file (.jsonl, or .csv for CSV in)")
-@click.option("--threads", type=int, default=1, show_default=True)
+@click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Threads of the inference engine.")
 def run(model, inputs, input_dir, output, threads):
     """Run MODEL (an artifact or an .onnx file) on input files and print JSON.
 

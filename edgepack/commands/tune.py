@@ -23,18 +23,26 @@ from .common import err_console, out_console
               help="Extend this database instead of the target's own in the cache (builds use the cache's "
                    "by target; pass --tuning-db PATH for another).")
 @click.option("--no-measure", is_flag=True, help="Skip timing the model before/after (saves two compiles).")
-@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224")
-@click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path))
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
+              help="Fix symbolic input dims (must match the build's).")
+@click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path), help="Extra folder of target .toml files.")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim (must match the build's setting).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Parallel candidate builds.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, targets_dir, no_simplify, workers,
          as_json):
     """Tune MODEL's kernels for a target (TVM MetaSchedule) within a time budget.
 
     The target's database accumulates: kernels another model already tuned are reused, and every
-    later build for the target applies what is there."""
+    later build for the target applies what is there.
+
+    \b
+    Examples:
+      edgepack tune model.onnx --target x86_64 --budget 20m
+      edgepack tune model.onnx --target arm64 --budget 5m --out-db tuning/arm64 --json
+      edgepack build model.onnx --target arm64 --backend tvm --tuning-db tuning/arm64
+    """
     from ..backends.tvm.tuning import parse_budget
     from ..backends.tvm.tuning import tune as run_tune
     from ..model import parse_shape_args

@@ -220,7 +220,7 @@ def smoke_one(device: Device, opts: Options, bench: bool = False) -> DeviceResul
                               f"{name} {facts.current_sha()[:8]}: selftest {'passed' if test.passed else 'FAILED'}",
                               latency_ms=test.latency_ms, output="" if test.passed else test.output,
                               sha256=facts.current_sha(),
-                              bench={k: getattr(b, k) for k in ("min_ms", "median_ms", "p90_ms", "peak_rss_kb")}
+                              bench={k: getattr(b, k) for k in ("min_ms", "median_ms", "p90_ms", "peak_rss_kb", "emulated")}
                               if b else None)
     except Exception as exc:  # noqa: BLE001
         return run.error(exc, opts.debug)

@@ -72,7 +72,8 @@ def table(results: list[DeviceResult], title: str, kind: str = "deploy") -> Tabl
             row += [r.address, r.arch or "-", r.glibc or "-", _fmt_bytes(r.free_bytes), (r.sha256 or "-")[:8], res]
         elif kind == "smoke":
             med = (r.bench or {}).get("median_ms")
-            row += [res, f"{r.seconds:.2f} s", lat, f"{med:.2f} ms" if med is not None else "-"]
+            emulated = " (emulated)" if (r.bench or {}).get("emulated") else ""
+            row += [res, f"{r.seconds:.2f} s", lat, f"{med:.2f} ms{emulated}" if med is not None else "-"]
         elif kind == "deploy":
             row += [r.target or "-", res, f"{r.seconds:.2f} s", lat]
         else:

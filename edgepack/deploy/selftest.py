@@ -27,6 +27,7 @@ class Bench:
     p90_ms: float | None
     peak_rss_kb: float | None
     output: str
+    emulated: bool = False  # the artifact found itself under qemu-user: the emulator's speed, not the device's
 
 
 def _json_object(text: str) -> dict | None:
@@ -72,7 +73,7 @@ def run_bench(conn: Connector, exe: str, timeout: float, runs: int = 20) -> Benc
     res = conn.run(f"{exe} bench --runs {int(runs)} --warmup 2 --json", timeout)
     obj = _json_object(res.stdout) or {}
     return Bench(*(_float(obj.get(k)) for k in ("min_ms", "median_ms", "p90_ms", "peak_rss_kb")),
-                 output=res.output if res.rc != 0 or not obj else "")
+                 output=res.output if res.rc != 0 or not obj else "", emulated=obj.get("emulated") is True)
 
 
 def exe_path(dest_abs: str, name: str) -> str:

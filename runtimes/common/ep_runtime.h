@@ -33,6 +33,9 @@ typedef struct {
     char message[512];
 } ep_status;
 
+/* 1 when running under qemu-user (why: a short reason), else 0: see ep_emulation.c */
+int ep_emulated(char *why, size_t n);
+
 int ep_fail(ep_status *st, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
