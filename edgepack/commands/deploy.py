@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from .ansible_opts import deploy_via_ansible, rollout_options, via_option
 from .common import err_console, out_console
 from ..errors import DeployError
 
@@ -88,6 +89,8 @@ def _live(result) -> None:
 @click.option("--fail-fast", is_flag=True, help="Start no further device after the first failure.")
 @click.option("--insecure-registry", "insecure", is_flag=True,
               help="ARTIFACT is REGISTRY/REPO:TAG on a plain-HTTP registry (see `edgepack push --help`).")
+@via_option
+@rollout_options
 @click.pass_context
 def deploy(ctx, artifact, fail_fast, insecure, **kw):
     """Push ARTIFACT to devices: verify, install atomically, selftest on the device, roll back on failure.
@@ -95,6 +98,8 @@ def deploy(ctx, artifact, fail_fast, insecure, **kw):
     ARTIFACT may be REGISTRY/REPO:TAG (pushed with `edgepack push`): each device gets the entry of its
     inventory target or of its architecture, pulled once here and checked by digest.
     """
+    if kw.pop("via") == "ansible":
+        return deploy_via_ansible(ctx, artifact, kw)
     from ..oci.ref import looks_like_reference
     if not artifact.exists() and looks_like_reference(str(artifact)):
         return _deploy_from_registry(ctx, str(artifact), fail_fast, insecure, kw)
