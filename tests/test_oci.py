@@ -8,62 +8,17 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from lab.fixtures import by_device, edgepack, lab  # noqa: F401 (lab is a fixture)
+from oci_registry import Registry, free_port
 
 from edgepack.deploy.artifact import inspect_artifact
 
 USER, PASSWORD = "edge", "s3cret-Pa55-for-test-only"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Registry:
-    """docker-registry serving one folder on 127.0.0.1:<free port>; never the system service."""
-
-    def __init__(self, root: Path, htpasswd: Path | None = None):
-        exe = shutil.which("docker-registry")
-        assert exe, "docker-registry is not installed: run .ci/deps-oci.sh"
-        self.port = _free_port()
-        self.host = f"127.0.0.1:{self.port}"
-        root.mkdir(parents=True, exist_ok=True)
-        auth = f"auth:\n  htpasswd:\n    realm: edgepack-test\n    path: {htpasswd}\n" if htpasswd else ""
-        cfg = root / "config.yml"
-        cfg.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
-                       f"http:\n  addr: {self.host}\n{auth}")
-        self.log = open(root / "registry.log", "w")
-        self.proc = subprocess.Popen([exe, "serve", str(cfg)], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=1)
-                return
-            except urllib.error.HTTPError:   # 401 with auth: it answers
-                return
-            except OSError:
-                assert self.proc.poll() is None, (root / "registry.log").read_text()
-                time.sleep(0.1)
-        raise AssertionError("docker-registry did not start within 20 s")
-
-    def close(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +131,7 @@ def test_plain_http_needs_the_flag_and_bad_references_fail_clearly(registry, dis
     _one_error(edgepack("pull", f"{registry.host}/models/absent:1", "-o", out, "--insecure-registry"), 22)
     _one_error(edgepack("pull", "Models/Tiny:1", "-o", out, "--insecure-registry"), 2, "invalid registry reference")
     _one_error(edgepack("push", dist, f"{registry.host}/models/tiny_cnn", "--insecure-registry"), 2, "no tag")
-    _one_error(edgepack("pull", f"127.0.0.1:{_free_port()}/models/tiny_cnn:1", "-o", out, "--insecure-registry"), 20,
+    _one_error(edgepack("pull", f"127.0.0.1:{free_port()}/models/tiny_cnn:1", "-o", out, "--insecure-registry"), 20,
                "cannot reach registry")
     _one_error(edgepack("pull", ref, "--platform", "linux", "-o", out, "--insecure-registry"), 2, "invalid platform")
     assert not out.exists() or not any(out.iterdir())
@@ -274,3 +229,30 @@ def test_deploy_from_registry_to_both_architectures(registry, dist, lab, tmp_pat
     # a bad tag fails once, before any device is touched
     _one_error(edgepack("deploy", f"{registry.host}/models/tiny_cnn:absent", "-I", inv, "-d", "pc",
                         "--insecure-registry", env=env), 22, "tag absent not found")
+
+
+def test_pull_on_device_with_credentials(auth_registry, dist, lab, tmp_path):  # noqa: F811
+    """--pull-on-device: the device fetches its own entry with curl (credentials in a 0600 curl config in
+    the upload folder, removed after); the engine's sha256 check, selftest and switch are unchanged."""
+    ref = f"{auth_registry.host}/models/tiny_cnn:ondevice"
+    env = {"EDGEPACK_REGISTRY_USER": USER, "EDGEPACK_REGISTRY_PASSWORD": PASSWORD, "EDGEPACK_CACHE": str(tmp_path / "c")}
+    _json(edgepack("push", dist, ref, "--insecure-registry", "--json", env=env))
+    lab.add("pc", "x86_64")
+    lab.add("pi", "arm64")
+    inv = lab.write_inventory()
+    p = edgepack("deploy", ref, "-I", inv, "-d", "pc,pi", "--insecure-registry", "--pull-on-device", "--json",
+                 env=env)
+    assert PASSWORD not in p.stdout + p.stderr
+    rows = by_device(_json(p))
+    for dev, target in (("pc", "x86_64"), ("pi", "arm64")):
+        art = inspect_artifact(dist / f"tiny_cnn-{target}")
+        assert rows[dev]["status"] == "deployed" and rows[dev]["sha256"] == art.sha256, rows[dev]
+        root = lab.devices[dev].home / "edgepack"
+        assert (root / "current" / art.name).read_bytes() == art.path.read_bytes()
+        assert not list(root.rglob(".edgepack-curl"))
+    # the operator downloaded no executable: its cache has no pulled entry
+    assert not (tmp_path / "c" / "oci").exists()
+    # wrong credentials: the whole deploy stops before any device
+    bad = {**env, "EDGEPACK_REGISTRY_PASSWORD": "nope"}
+    _one_error(edgepack("deploy", ref, "-I", inv, "-d", "pc", "--insecure-registry", "--pull-on-device", env=bad),
+               21, "refused the credentials")

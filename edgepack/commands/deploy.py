@@ -89,10 +89,13 @@ def _live(result) -> None:
 @click.option("--fail-fast", is_flag=True, help="Start no further device after the first failure.")
 @click.option("--insecure-registry", "insecure", is_flag=True,
               help="ARTIFACT is REGISTRY/REPO:TAG on a plain-HTTP registry (see `edgepack push --help`).")
+@click.option("--pull-on-device", is_flag=True,
+              help="ARTIFACT is REGISTRY/REPO:TAG: each device fetches its entry itself (curl/wget), "
+                   "instead of this machine uploading it over SSH.")
 @via_option
 @rollout_options
 @click.pass_context
-def deploy(ctx, artifact, fail_fast, insecure, **kw):
+def deploy(ctx, artifact, fail_fast, insecure, pull_on_device, **kw):
     """Push ARTIFACT to devices: verify, install atomically, selftest on the device, roll back on failure.
 
     ARTIFACT may be REGISTRY/REPO:TAG (pushed with `edgepack push`): each device gets the entry of its
@@ -102,7 +105,7 @@ def deploy(ctx, artifact, fail_fast, insecure, **kw):
         return deploy_via_ansible(ctx, artifact, kw)
     from ..oci.ref import looks_like_reference
     if not artifact.exists() and looks_like_reference(str(artifact)):
-        return _deploy_from_registry(ctx, str(artifact), fail_fast, insecure, kw)
+        return _deploy_from_registry(ctx, str(artifact), fail_fast, insecure, pull_on_device, kw)
     from ..deploy.artifact import inspect_artifact
     from ..deploy.engine import deploy_one, run_all
     art = inspect_artifact(artifact)
@@ -118,14 +121,14 @@ def deploy(ctx, artifact, fail_fast, insecure, **kw):
             {"artifact": {"path": str(art.path), "sha256": art.sha256, "target": art.target, "arch": art.arch}})
 
 
-def _deploy_from_registry(ctx, reference: str, fail_fast: bool, insecure: bool, kw) -> None:
+def _deploy_from_registry(ctx, reference: str, fail_fast: bool, insecure: bool, pull_on_device: bool, kw) -> None:
     from ..deploy.engine import run_all
     from ..deploy.registry import deploy_one_from, open_source
     source = open_source(reference, insecure)  # bad reference / credentials: one error before any device
     devices, opts = _setup(ctx, kw)
 
     def one(dev):
-        res = deploy_one_from(dev, source, opts)
+        res = deploy_one_from(dev, source, opts, pull_on_device)
         _live(res)
         return res
 

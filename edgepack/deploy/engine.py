@@ -40,13 +40,17 @@ class Options:
     lock_wait: float = 120.0           # seconds to wait for another run's lock on the same DEST
     lock_stale: float = 3600.0         # a lock older than this (device clock) is taken over
     debug: bool = False
+    # wraps each device's connector (deploy from a registry with --pull-on-device: the device fetches)
+    connector_wrap: Callable[[Device, Connector], Connector] | None = None
 
 
 def open_connector(device: Device, opts: Options) -> Connector:
     if device.local:
         from .local import LocalConnector
-        return LocalConnector()
-    return connect(device, opts.ssh)
+        conn: Connector = LocalConnector()
+    else:
+        conn = connect(device, opts.ssh)
+    return opts.connector_wrap(device, conn) if opts.connector_wrap else conn
 
 
 class _Run:
