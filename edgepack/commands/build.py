@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..tables import Cell, print_table
+from .selection_opts import bench_device, selection_options, timed
 from .common import debug_enabled, err_console, log, out_console, target_dirs
 
 BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
@@ -38,9 +39,10 @@ BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
 @click.option("--tuning-db", default=None, metavar="PATH|off",
               help="TVM: use this MetaSchedule database (from `edgepack tune --out-db`); 'off' builds untuned "
                    "even when `edgepack tune` left one in the cache. Default: the target's database, if any.")
+@selection_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes, targets_dir, no_verify,
-          no_simplify, preprocess, postprocess, jobs, tuning_db, as_json):
+          no_simplify, preprocess, postprocess, jobs, tuning_db, select, bench_on, inventory, as_json):
     """Build MODEL (.onnx) into one verified executable per target.
 
     \b
@@ -48,6 +50,7 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
       edgepack build model.onnx --target x86_64
       edgepack build model.onnx --target arm64,jetson --input-shape images=1x3x320x320
       edgepack build model.onnx --all --preprocess image:size=224x224 --postprocess softmax,topk=5
+      edgepack build model.onnx --target arm64 --bench-on pi-1 -I devices.toml --select all
     """
     from ..model import parse_shape_args
     from ..pipeline import BuildOptions, build as run_build
@@ -62,7 +65,8 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
                         input_shapes=parse_shape_args(list(input_shapes)), out_dir=out_dir,
                         verify=not no_verify, simplify=not no_simplify, preprocess=preprocess,
                         postprocess=postprocess, jobs=jobs,
-                        tuning_db=tuning_db if tuning_db in (None, "off") else str(Path(tuning_db).resolve()))
+                        tuning_db=tuning_db if tuning_db in (None, "off") else str(Path(tuning_db).resolve()),
+                        select=select, bench_on=bench_device(bench_on, inventory))
 
     debug = debug_enabled()
 
@@ -92,9 +96,9 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
             rows.append([r.target, r.backend or "-", (r.precision or "-") + rejected, str(r.path) if r.path else "-",
                          f"{r.size / 1e6:.2f} MB" if r.size else "-", err,
                          f"{r.rel_err:.3%}" if r.rel_err is not None else "-", ", ".join(r.per_cpu) or "-",
-                         Cell("PASS", "green") if r.ok else Cell("FAIL", "red")])
+                         Cell("PASS", "green") if r.ok else Cell("FAIL", "red"), timed(r.selection)])
         print_table(out_console, f"edgepack build {model}", ["target", "backend", "precision", "file", "size",
-                    "max error", "of scale", "verified on", "verdict"], rows)
+                    "max error", "of scale", "verified on", "verdict", "timed (median)"], rows)
         for r in results:
             if not r.ok:
                 err_console.print(f"[red]{escape(r.target)}:[/red] {escape(r.error or '')}", soft_wrap=True)
