@@ -256,3 +256,22 @@ def test_pull_on_device_with_credentials(auth_registry, dist, lab, tmp_path):  #
     bad = {**env, "EDGEPACK_REGISTRY_PASSWORD": "nope"}
     _one_error(edgepack("deploy", ref, "-I", inv, "-d", "pc", "--insecure-registry", "--pull-on-device", env=bad),
                21, "refused the credentials")
+
+
+def test_a_tampered_blob_is_refused_and_nothing_is_written(dist, tmp_path):
+    """Flip one byte of the executable in the registry's own storage: pull names it and writes nothing."""
+    reg = Registry(tmp_path / "registry")
+    try:
+        ref = f"{reg.host}/models/tiny_cnn:tampered"
+        _json(edgepack("push", dist / "tiny_cnn-x86_64", ref, "--insecure-registry", "--json"))
+        sha = hashlib.sha256((dist / "tiny_cnn-x86_64").read_bytes()).hexdigest()
+        blob = tmp_path / "registry" / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256" / sha[:2] / sha / "data"
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        blob.write_bytes(bytes(data))
+        out = tmp_path / "out"
+        _one_error(edgepack("pull", ref, "--platform", "linux/amd64", "-o", out, "--insecure-registry"), 24,
+                   "tiny_cnn-x86_64", "nothing was written")
+        assert not out.exists() or not list(out.iterdir())
+    finally:
+        reg.close()
