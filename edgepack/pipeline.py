@@ -320,6 +320,10 @@ def _verify_runs(path: Path, target: Target, prep: PreparedModel, tol: Tolerance
         step_done()
         if st.returncode != 0:
             raise _rejected(f"{path.name} selftest failed on CPU {cpu}: {selftests[cpu] or _tail(st.stderr)}", checks)
+    # baked detection: the artifact's boxes on test-made images vs the numpy reference (issue 13)
+    from .prepost.verify import check_detections
+    check_detections(path, model, target.verify_cpus, vdir / "detect", prep.verify_cases["realistic"][0], log,
+                     tuple(checks))
     return Verification(tuple(checks), selftests)
 
 

@@ -7,6 +7,7 @@
     m.predict(array | {name: array} | "cat.png")  # -> {output name: np.ndarray}
     m.predict_batch([...])                        # -> list of those dicts
     m.top(result)                                 # labelled top-k when the model has baked postprocessing
+    m.detect("street.jpg" | image_uint8_hwc)      # {"detections": [{label, index, score, box}]} (baked detect)
 
 An ONNX file with a ``MODEL.edgepack.toml`` next to it gets the same baked pre/post-processing as its
 artifacts. Arrays fed to a float32 input may be uint8 (raw pixels): they are converted like the
@@ -104,6 +105,17 @@ class Model:
     def predict(self, x) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def _detect_post(self) -> dict:
+        post = self.prepost.get("postprocess") or {}
+        if not post.get("detect"):
+            raise UsageError("this model has no baked detection (build with --postprocess detect:format=...)")
+        return post
+
+    def detect(self, x) -> dict:
+        """{"detections": [{"label", "index", "score", "box": [x1, y1, x2, y2]}, ...]} for an image file or
+        a decoded HxWxC uint8 image (boxes in its pixels), or an input-shaped tensor (boxes in input pixels)."""
+        raise NotImplementedError
+
     def predict_batch(self, xs: Iterable) -> list[dict[str, np.ndarray]]:
         return [self.predict(x) for x in xs]
 
@@ -134,6 +146,18 @@ class OnnxModel(Model):
         feeds = self._as_dict(x)
         names = [o.name for o in self.outputs]
         return dict(zip(names, self._sess.run(names, feeds)))
+
+    def detect(self, x) -> dict:
+        from .prepost import detections
+        post = self._detect_post()
+        if isinstance(x, (str, Path)):
+            x = self._read_file(Path(x))
+        a = x if isinstance(x, dict) else np.asarray(x)
+        pre = self.prepost.get("preprocess")
+        image_hw = a.shape[:2] if pre and not isinstance(a, dict) and a.dtype == np.uint8 and a.ndim in (2, 3) \
+            and a.shape != tuple(self.inputs[0].shape[1:]) else None
+        out = self.predict(a)[post["output"]]
+        return {"detections": detections(out, post, pre, image_hw)}
 
     def _read_file(self, p: Path):
         data = p.read_bytes()
@@ -185,9 +209,31 @@ class ArtifactModel(Model):
                 return self.artifact.predict(None, Path(tmp), threads=self.threads, files=[str(Path(x).resolve())])
             return self.artifact.predict(self._as_dict(x), Path(tmp), threads=self.threads)
 
+    def detect(self, x) -> dict:
+        """The artifact's own answer (its C decoding + NMS); an image array goes in as a PPM file."""
+        self._detect_post()
+        with tempfile.TemporaryDirectory(prefix="edgepack-sdk-") as tmp:
+            if isinstance(x, (str, Path)):
+                path = Path(x).resolve()
+            elif not isinstance(x, dict) and np.asarray(x).dtype == np.uint8 and np.asarray(x).ndim == 3 \
+                    and np.asarray(x).shape[2] == 3 and self.prepost.get("preprocess"):
+                from .prepost.scenes import ppm_bytes
+                path = Path(tmp) / "image.ppm"
+                path.write_bytes(ppm_bytes(np.asarray(x)))
+            else:
+                path = Path(tmp) / "input.npy"
+                np.save(path, self._as_dict(x)[self.inputs[0].name])
+            proc = self.artifact.run(["run", "--threads", str(self.threads), "--input", str(path)], check=False)
+            if proc.returncode != 0:
+                raise self.artifact.error(proc)
+        answer = json.loads(proc.stdout)
+        return {"detections": answer["detections"]}
+
     def predict_batch(self, xs: Iterable) -> list[dict[str, np.ndarray]]:
         """One artifact process for the whole batch (run --input-dir), for single-input models."""
         xs = list(xs)
+        if (self.prepost.get("postprocess") or {}).get("detect"):
+            return super().predict_batch(xs)   # a detector's JSONL lines carry boxes, not tensors
         if len(self.inputs) != 1 or not xs:
             return super().predict_batch(xs)
         with tempfile.TemporaryDirectory(prefix="edgepack-sdk-") as tmp:

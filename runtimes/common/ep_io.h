@@ -12,6 +12,7 @@
 #ifndef EP_IO_H
 #define EP_IO_H
 
+#include "ep_detect.h"
 #include "ep_runtime.h"
 
 /* Code off the inference path (parsers, server, batch) is compiled for size whatever the build's -O. */
@@ -77,6 +78,9 @@ typedef struct {
     int n_labels;
     const char **labels;
     ep_json doc; /* owns the strings */
+    int has_letterbox, letterbox; /* letterbox: the pad value (0..255) of an aspect-keeping resize */
+    int has_detect;               /* detection decoding + NMS over outputs[post_output] (ep_detect.c) */
+    ep_det_cfg det;
 } ep_prepost;
 int ep_prepost_load(const ep_model_spec *spec, ep_prepost *pp, ep_status *st);
 void ep_prepost_free(ep_prepost *pp);
@@ -99,6 +103,21 @@ void ep_write_shape_json(FILE *f, const int64_t *shape, int ndim);
 /* {"outputs": {...}, "top": [...]}-style body (no braces): outputs with values + top-k when baked. */
 void ep_write_answer(FILE *f, const ep_model_spec *spec, const ep_prepost *pp, const ep_tensor *outputs);
 void ep_free_tensors(ep_tensor *t, int n);
+
+/* Per request: what the answer needs beyond the outputs. image_h/image_w: the decoded image's size
+ * (0: the input was a tensor), so boxes map back to its pixels; raw: a detector's answer also carries
+ * the raw output tensors (a classifier's always does). */
+typedef struct {
+    int image_h, image_w;
+    int raw;
+} ep_answer_ctx;
+/* ep_inputs_from_bytes that also records the image size in ctx (may be NULL). */
+int ep_inputs_from_bytes_ctx(const ep_model_spec *spec, const ep_prepost *pp, const unsigned char *buf, size_t len,
+                             ep_kind kind, ep_tensor *inputs, ep_answer_ctx *ctx, ep_status *st);
+/* ep_write_answer with a context (NULL: no image, raw tensors included): a detector answers
+ * "detections": [{"label", "index", "score", "box": [x1, y1, x2, y2]}], "detect_ms" first. */
+void ep_write_answer_ctx(FILE *f, const ep_model_spec *spec, const ep_prepost *pp, const ep_tensor *outputs,
+                         const ep_answer_ctx *ctx);
 
 /* CSV rows -> one run per row, written as: */
 typedef enum { EP_ROWS_JSON_ARRAY = 0, EP_ROWS_CSV = 1, EP_ROWS_JSONL = 2 } ep_rows_format;

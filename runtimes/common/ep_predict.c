@@ -1,6 +1,8 @@
 /* From raw bytes to model inputs, and from outputs to the JSON answer; shared by run, batch and serve. */
 #include "ep_io.h"
 
+#include <stdio.h>
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,47 @@ static int io_index(const ep_io_spec *ios, int n, const char *name) {
     for (int i = 0; i < n; i++)
         if (strcmp(ios[i].name, name) == 0) return i;
     return -1;
+}
+
+static double num_or(const ep_json *d, int obj, const char *key, double dflt) {
+    int v = ep_json_get(d, obj, key);
+    return v >= 0 && (d->nodes[v].type == EP_JNUM || d->nodes[v].type == EP_JBOOL) ? d->nodes[v].num : dflt;
+}
+
+/* postprocess.detect of the manifest (edgepack/prepost/graph.py writes it) -> pp->det, checked. */
+static int load_detect(const ep_model_spec *spec, ep_prepost *pp, int det, ep_status *st) {
+    const ep_json *d = &pp->doc;
+    ep_det_cfg *c = &pp->det;
+    int fmt = ep_json_get(d, det, "format"), size = ep_json_get(d, det, "input_size");
+    int strides = ep_json_get(d, det, "strides");
+    if (fmt < 0 || d->nodes[fmt].type != EP_JSTR) return ep_fail(st, EP_ERR_MODEL, "embedded detection settings damaged");
+    const char *f = d->nodes[fmt].str;
+    c->format = !strcmp(f, "yolov8") ? EP_DET_YOLOV8 : !strcmp(f, "yolov5") ? EP_DET_YOLOV5 : EP_DET_YOLOX;
+    if (strcmp(f, "yolov8") && strcmp(f, "yolov5") && strcmp(f, "yolox"))
+        return ep_fail(st, EP_ERR_MODEL, "embedded detection format %.40s is not known to this runtime", f);
+    c->classes = (int)num_or(d, det, "classes", 0);
+    c->anchors = (int)num_or(d, det, "anchors", 0);
+    c->channels_first = num_or(d, det, "channels_first", 0) != 0;
+    c->grid = num_or(d, det, "grid", 0) != 0;
+    c->agnostic = num_or(d, det, "agnostic", 0) != 0;
+    c->max_det = (int)num_or(d, det, "max_det", 100);
+    c->conf = (float)num_or(d, det, "conf", 0.25);
+    c->iou = (float)num_or(d, det, "iou", 0.45);
+    if (size >= 0 && d->nodes[size].type == EP_JARR && d->nodes[size].n == 2) {
+        c->in_h = (int)d->nodes[ep_json_at(d, size, 0)].num;
+        c->in_w = (int)d->nodes[ep_json_at(d, size, 1)].num;
+    }
+    if (strides >= 0 && d->nodes[strides].type == EP_JARR && d->nodes[strides].n <= EP_DET_MAX_STRIDES)
+        for (int k = d->nodes[strides].child; k >= 0; k = d->nodes[k].next) c->strides[c->n_strides++] = (int)d->nodes[k].num;
+    int rc = ep_detect_check(c, st);
+    if (rc) return rc;
+    const ep_io_spec *o = &spec->outputs[pp->post_output];
+    int64_t want = (int64_t)c->anchors * (c->classes + (c->format == EP_DET_YOLOV8 ? 4 : 5));
+    if (ep_shape_count(o->shape, o->ndim) != want)
+        return ep_fail(st, EP_ERR_MODEL, "embedded detection settings do not match output %.200s", o->name);
+    pp->has_detect = 1;
+    pp->has_post = 0; /* boxes, not top-k (CSV rows and the answer look at has_post) */
+    return EP_OK;
 }
 
 int ep_prepost_load(const ep_model_spec *spec, ep_prepost *pp, ep_status *st) {
@@ -43,6 +86,13 @@ int ep_prepost_load(const ep_model_spec *spec, ep_prepost *pp, ep_status *st) {
                                                  : EP_RESIZE_BILINEAR;
         if (pp->image_input < 0 || pp->h <= 0 || pp->w <= 0 || (pp->c != 1 && pp->c != 3))
             return ep_fail(st, EP_ERR_MODEL, "embedded preprocessing settings damaged");
+        int lb = ep_json_get(d, pre, "letterbox"); /* absent in artifacts built before it existed */
+        if (lb >= 0 && d->nodes[lb].type == EP_JNUM && d->nodes[lb].num >= 0) {
+            if (d->nodes[lb].num > 255 || pp->resize == EP_RESIZE_NONE)
+                return ep_fail(st, EP_ERR_MODEL, "embedded preprocessing settings damaged (letterbox)");
+            pp->has_letterbox = 1;
+            pp->letterbox = (int)d->nodes[lb].num;
+        }
     }
     if (post >= 0) {
         int out = ep_json_get(d, post, "output"), k = ep_json_get(d, post, "topk");
@@ -58,6 +108,8 @@ int ep_prepost_load(const ep_model_spec *spec, ep_prepost *pp, ep_status *st) {
             for (int c = d->nodes[labels].child; c >= 0; c = d->nodes[c].next)
                 pp->labels[pp->n_labels++] = d->nodes[c].type == EP_JSTR ? d->nodes[c].str : "";
         }
+        int det = ep_json_get(d, post, "detect");
+        if (det >= 0 && d->nodes[det].type == EP_JOBJ) return load_detect(spec, pp, det, st);
     }
     return EP_OK;
 }
@@ -96,6 +148,16 @@ int ep_image_to_input(const ep_tensor *img, const ep_prepost *pp, const ep_io_sp
     const uint8_t *src = (const uint8_t *)img->data;
     float *dst = (float *)out->data;
     float k = pp->float01 ? 1.0f / 255.0f : 1.0f;
+    /* letterbox: the image resized to nh x nw at (top, left), the rest the pad value */
+    ep_det_geom g;
+    ep_det_geometry(ih, iw, h, w, pp->has_letterbox ? pp->letterbox : -1, &g);
+    if (pp->has_letterbox) {
+        float pad = (float)pp->letterbox * k;
+        for (size_t i = 0; i < (size_t)h * w * c; i++) dst[i] = pad;
+    }
+    int oh = h, ow = w; /* the input's size, for the layout */
+    h = g.nh;
+    w = g.nw;
     float sy = (float)((double)ih / h), sx = (float)((double)iw / w);
     for (int y = 0; y < h; y++) {
         int y0, y1;
@@ -132,7 +194,8 @@ int ep_image_to_input(const ep_tensor *img, const ep_prepost *pp, const ep_io_sp
                 float d = src[((size_t)y1 * iw + x0) * c + ch], e = src[((size_t)y1 * iw + x1) * c + ch];
                 float top = a * (1 - fx) + b * fx, bot = d * (1 - fx) + e * fx;
                 float v = (top * (1 - fy) + bot * fy) * k;
-                size_t at = pp->nchw ? ((size_t)ch * h + y) * w + x : ((size_t)y * w + x) * c + ch;
+                size_t oy = (size_t)(y + g.top), ox = (size_t)(x + g.left);
+                size_t at = pp->nchw ? ((size_t)ch * oh + oy) * ow + ox : (oy * ow + ox) * c + ch;
                 dst[at] = v;
             }
         }
@@ -248,9 +311,20 @@ void ep_free_tensors(ep_tensor *t, int n) {
     for (int i = 0; i < n; i++) ep_tensor_free(&t[i]);
 }
 
+/* The callers of the context-free API (run, run --input-dir) decode and answer on one thread, one
+ * input at a time: the size of the image this thread decoded last stands in for their context, so
+ * their boxes map back to the image too. */
+static _Thread_local ep_answer_ctx last_input;
+
 int ep_inputs_from_bytes(const ep_model_spec *spec, const ep_prepost *pp, const unsigned char *buf, size_t len,
                          ep_kind kind, ep_tensor *inputs, ep_status *st) {
+    return ep_inputs_from_bytes_ctx(spec, pp, buf, len, kind, inputs, &last_input, st);
+}
+
+int ep_inputs_from_bytes_ctx(const ep_model_spec *spec, const ep_prepost *pp, const unsigned char *buf, size_t len,
+                             ep_kind kind, ep_tensor *inputs, ep_answer_ctx *ctx, ep_status *st) {
     memset(inputs, 0, sizeof(ep_tensor) * (size_t)spec->n_inputs);
+    if (ctx) ctx->image_h = ctx->image_w = 0;
     if (kind == EP_KIND_AUTO) kind = ep_sniff(buf, len);
     int rc = EP_OK;
     if (kind == EP_KIND_NPY || kind == EP_KIND_IMAGE) {
@@ -265,6 +339,10 @@ int ep_inputs_from_bytes(const ep_model_spec *spec, const ep_prepost *pp, const 
             rc = ep_image_decode(buf, len, pp->c, &img, st);
             if (rc) return rc;
             rc = ep_image_to_input(&img, pp, &spec->inputs[0], &inputs[0], st);
+            if (ctx) {
+                ctx->image_h = (int)img.shape[0];
+                ctx->image_w = (int)img.shape[1];
+            }
             ep_tensor_free(&img);
         }
     } else if (kind == EP_KIND_JSON) {
@@ -348,8 +426,76 @@ static void write_top(FILE *f, const ep_prepost *pp, const ep_tensor *scores) {
     fputs("], ", f);
 }
 
+static void write_num(FILE *f, const char *fmt, float v) {
+    if (isfinite(v)) fprintf(f, fmt, (double)v);
+    else fputs("null", f);
+}
+
+/* "detections": [...], "detect_ms": t -- decode + NMS over the verified output, boxes mapped back to
+ * the image's pixels when the input was an image. */
+static void write_detections(FILE *f, const ep_prepost *pp, const ep_tensor *t, const ep_answer_ctx *ctx) {
+    double t0 = ep_now_ms();
+    const ep_det_cfg *c = &pp->det;
+    size_t n = (size_t)ep_shape_count(t->shape, t->ndim), wn = ep_detect_work_size(c);
+    int cap = c->max_det, nd = 0;
+    float *conv = NULL; /* a non-float32 output (TVM may keep fp16/fp64) is converted first */
+    const float *vals = (const float *)t->data;
+    ep_det_box *work = malloc((wn ? wn : 1) * sizeof *work), *dets = malloc((size_t)cap * sizeof *dets);
+    ep_status st = {0, ""};
+    int rc = work && dets ? EP_OK : ep_fail(&st, EP_ERR_NOMEM, "out of memory");
+    if (!rc && t->dtype != EP_F32) {
+        conv = malloc((n ? n : 1) * sizeof *conv);
+        if (!conv) rc = ep_fail(&st, EP_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; conv && i < n; i++) conv[i] = (float)ep_tensor_get(t, i);
+        vals = conv;
+    }
+    if (!rc) rc = ep_detect(c, vals, n, work, wn, dets, cap, &nd, &st);
+    if (!rc && ctx && ctx->image_h > 0) {
+        ep_det_geom g;
+        ep_det_geometry(ctx->image_h, ctx->image_w, pp->h, pp->w, pp->has_letterbox ? pp->letterbox : -1, &g);
+        ep_det_to_image(&g, dets, nd);
+    }
+    double ms = ep_now_ms() - t0;
+    fputs("\"detections\": [", f);
+    for (int i = 0; !rc && i < nd; i++) {
+        const ep_det_box *b = &dets[i];
+        fputs(i ? ", {\"label\": " : "{\"label\": ", f);
+        if (b->cls < pp->n_labels) ep_json_string(f, pp->labels[b->cls]);
+        else fprintf(f, "\"%d\"", b->cls);
+        fprintf(f, ", \"index\": %d, \"score\": ", b->cls);
+        write_num(f, "%.6g", b->score);
+        float xy[4] = {b->x1, b->y1, b->x2, b->y2};
+        for (int k = 0; k < 4; k++) {
+            fputs(k ? ", " : ", \"box\": [", f);
+            write_num(f, "%.2f", xy[k]);
+        }
+        fputs("]}", f);
+    }
+    fprintf(f, "], \"detect_ms\": %.4f", ms);
+    if (rc) {
+        fputs(", \"detect_error\": ", f);
+        ep_json_string(f, st.message);
+    }
+    free(conv);
+    free(work);
+    free(dets);
+}
+
 void ep_write_answer(FILE *f, const ep_model_spec *spec, const ep_prepost *pp, const ep_tensor *outputs) {
-    if (pp && pp->has_post) write_top(f, pp, &outputs[pp->post_output]);
+    ep_answer_ctx ctx = last_input; /* raw 0: run --output DIR writes the raw tensors as .npy */
+    last_input.image_h = last_input.image_w = 0;
+    ep_write_answer_ctx(f, spec, pp, outputs, &ctx);
+}
+
+void ep_write_answer_ctx(FILE *f, const ep_model_spec *spec, const ep_prepost *pp, const ep_tensor *outputs,
+                         const ep_answer_ctx *ctx) {
+    if (pp && pp->has_detect) {
+        write_detections(f, pp, &outputs[pp->post_output], ctx);
+        if (ctx && !ctx->raw) return;
+        fputs(", ", f);
+    } else if (pp && pp->has_post) {
+        write_top(f, pp, &outputs[pp->post_output]);
+    }
     fputs("\"outputs\": {", f);
     for (int i = 0; i < spec->n_outputs; i++) {
         if (i) fputs(", ", f);

@@ -71,6 +71,7 @@ typedef struct conn {
     char *in;              /* request head bytes (and any pipelined bytes after it) */
     size_t in_len;
     ep_http_req rq;
+    int raw; /* POST /predict?raw=1: a detector's answer also carries its raw output tensors */
     int keep;              /* keep the connection after this answer */
     int drain;             /* after the answer: read and drop what the client still sends, then close */
     unsigned char *body;
@@ -300,7 +301,8 @@ static void handle_predict(server *s, conn *c) {
         rc = predict_csv(s, (const char *)body, len, f, &st);
         fprintf(f, ", \"latency_ms\": %.3f}\n", ep_now_ms() - t0);
     } else {
-        rc = ep_inputs_from_bytes(spec, &s->pp, body, len, kind, inputs, &st); /* parse/decode: no lock */
+        ep_answer_ctx actx = {0, 0, c->raw};
+        rc = ep_inputs_from_bytes_ctx(spec, &s->pp, body, len, kind, inputs, &actx, &st); /* parse/decode: no lock */
         if (!rc) {
             rc = ep_alloc_outputs(spec, outputs, &st);
             double t0 = ep_now_ms();
@@ -311,7 +313,7 @@ static void handle_predict(server *s, conn *c) {
             }
             if (!rc) {
                 fputc('{', f);
-                ep_write_answer(f, spec, &s->pp, outputs);
+                ep_write_answer_ctx(f, spec, &s->pp, outputs, &actx);
                 fprintf(f, ", \"latency_ms\": %.3f}\n", ep_now_ms() - t0);
             }
             ep_free_tensors(inputs, spec->n_inputs);
@@ -411,6 +413,7 @@ static void on_head(server *s, conn *c, int hl) {
     int is_get = strcmp(rq->method, "GET") == 0, is_post = strcmp(rq->method, "POST") == 0;
     char *q = strchr(rq->path, '?');
     if (q) *q = 0;
+    c->raw = q && (strstr(q + 1, "raw=1") || strstr(q + 1, "raw=true"));
     const ep_page_asset *page = ep_page_find(rq->path);
     int known = page || !strcmp(rq->path, "/health") || !strcmp(rq->path, "/info") || !strcmp(rq->path, "/predict");
     if (is_get && known && strcmp(rq->path, "/predict") != 0) {
