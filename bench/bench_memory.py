@@ -1,0 +1,165 @@
+"""Cold start and peak memory, whole process: an artifact against Python + onnxruntime (issue 10 item 5).
+
+Cold start is exec -> answer written: the artifact's `run --input x.npy --output DIR` against a fresh
+`python3 -c` that imports onnxruntime, opens a session on the .onnx and writes the same outputs as
+.npy. Peak RSS is the child's ru_maxrss from wait4 (what `/usr/bin/time -v` prints). Both on one
+thread, the same seeded input, alternating, median of --runs processes (timed by /usr/bin/time, whose
+own start-up, ~1 ms, is included). The model's need is
+weights + 2 x largest activation + 8 MB (weights: the bytes embedded in the artifact; activation: the
+largest fp32 tensor of the shape-inferred graph); the report divides peak RSS by it (goal <= 1.0).
+
+Usage: python3 bench/bench_memory.py ARTIFACT MODEL.onnx [--input-shape NAME=1x3x320x320] [--runs 5] [--json FILE]
+       python3 bench/bench_memory.py --corpus nudenet_320n,ppocr_cls [--out DIR]   (builds them first)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TIME = "/usr/bin/time"  # GNU time (Debian package `time`)
+sys.path.insert(0, str(REPO))
+
+ORT_SCRIPT = """
+import sys, numpy as np, onnxruntime as ort
+o = ort.SessionOptions(); o.intra_op_num_threads = 1; o.inter_op_num_threads = 1; o.log_severity_level = 3
+s = ort.InferenceSession(sys.argv[1], o, providers=["CPUExecutionProvider"])
+feeds = {i.name: np.load(p) for i, p in zip(s.get_inputs(), sys.argv[3:])}
+for out, v in zip(s.get_outputs(), s.run(None, feeds)):
+    np.save(f"{sys.argv[2]}/{out.name.replace('/', '_')}.npy", v)
+"""
+
+
+def measure(cmd: list[str]) -> tuple[float, int]:
+    """(wall ms from exec to exit, peak RSS in KiB) of one process, through /usr/bin/time: the rusage of
+    a child that Python starts itself is no good, as Linux carries the launcher's (Python's ~120 MB)
+    peak over exec into the child's ru_maxrss; time(1) is a small process, so its child's figure is
+    the program's own."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as rep:
+        t0 = time.perf_counter()
+        proc = subprocess.run([TIME, "-f", "%e %M", "-o", rep.name, *cmd], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        ms = (time.perf_counter() - t0) * 1e3  # time(1)'s own %e has 10 ms steps
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}): {proc.stderr[-300:]}")
+        kb = rep.read().split()[-1]
+    return ms, int(kb)
+
+
+def need_bytes(model_path: Path, shapes: dict, weight_bytes: int) -> tuple[int, int]:
+    """(the model's need in bytes, its largest activation in bytes)."""
+    import numpy as np
+    import onnx
+    from edgepack.model import fix_input_shapes, load_model
+    m = fix_input_shapes(load_model(model_path), shapes)
+    inferred = onnx.shape_inference.infer_shapes(m.proto)
+    largest = 0
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if dims and all(d > 0 for d in dims):
+            largest = max(largest, int(np.prod(dims)) * 4)
+    return weight_bytes + 2 * largest + 8 * 2**20, largest
+
+
+def side_by_side(artifact: Path, model: Path, shapes: dict, runs: int) -> dict:
+    import numpy as np
+    from edgepack.model import fix_input_shapes, load_model
+    from edgepack.reference import random_inputs
+    loaded = fix_input_shapes(load_model(model), shapes)
+    manifest = json.loads(subprocess.run([str(artifact), "info", "--json"], capture_output=True, text=True,
+                                         check=True).stdout)
+    weight_bytes = json.loads(Path(str(artifact) + ".json").read_text())["artifact"]["weight_bytes"] \
+        if Path(str(artifact) + ".json").is_file() else 0
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        inputs = random_inputs(loaded.inputs, seed=0)
+        files = []
+        for i, spec in enumerate(loaded.inputs):
+            f = tmp / f"in{i}.npy"
+            np.save(f, inputs[spec.name])
+            files.append((spec.name, f))
+        ours = [str(artifact), "run", "--threads", "1", "--output", str(tmp / "ep")]
+        for name, f in files:
+            ours += ["--input", f"{name}={f}"]
+        (tmp / "ort").mkdir()
+        theirs = [sys.executable, "-c", ORT_SCRIPT, str(model), str(tmp / "ort"), *[str(f) for _, f in files]]
+        measure(ours), measure(theirs)  # page cache warm for both: cold start of the process, not the disk
+        a, b = [], []
+        for _ in range(runs):
+            a.append(measure(ours))
+            b.append(measure(theirs))
+    need, act = need_bytes(model, shapes, weight_bytes)
+    rss = statistics.median(r for _, r in a) * 1024
+    return {"artifact": artifact.name, "backend": manifest.get("backend", {}).get("name"),
+            "precision": manifest.get("precision_rung"), "weight_bytes": weight_bytes, "largest_activation": act,
+            "need_bytes": need, "cold_start_ms": round(statistics.median(t for t, _ in a), 1),
+            "peak_rss_mib": round(rss / 2**20, 1), "rss_over_need": round(rss / need, 2),
+            "onnxruntime_cold_start_ms": round(statistics.median(t for t, _ in b), 1),
+            "onnxruntime_peak_rss_mib": round(statistics.median(r for _, r in b) / 1024, 1)}
+
+
+def corpus_rows(names: list[str], out: Path, runs: int) -> list[dict]:
+    sys.path.insert(0, str(REPO / "bench"))
+    import corpus
+    entries = {e.name: e for e in corpus.load_table()}
+    rows = []
+    for name in names:
+        e = entries[name]
+        model = corpus.fetch(e, offline=True)
+        artifact = out / f"{model.stem}-x86_64"
+        if not artifact.is_file():
+            doc, _ = corpus.build(e, model, "x86_64", out)
+            if not doc.get("results") or not doc["results"][0]["ok"]:
+                rows.append({"artifact": name, "error": str(doc)[:300]})
+                continue
+        from edgepack.model import parse_shape_args
+        rows.append({"model": name} | side_by_side(artifact, model, parse_shape_args(list(e.shapes)), runs))
+        print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+HEAD = (f"{'model':<16} {'backend':<9} {'weights MB':>10} {'act MB':>7} {'start ms':>9} {'ort ms':>8} "
+        f"{'RSS MiB':>8} {'ort MiB':>8} {'RSS/need':>9}")
+
+
+def format_row(r: dict) -> str:
+    if "error" in r:
+        return f"{r['artifact']:<16} error: {r['error']}"
+    return (f"{r.get('model', r['artifact']):<16} {r['backend'] or '-':<9} {r['weight_bytes'] / 1e6:>10.2f} "
+            f"{r['largest_activation'] / 1e6:>7.2f} {r['cold_start_ms']:>9.1f} {r['onnxruntime_cold_start_ms']:>8.1f} "
+            f"{r['peak_rss_mib']:>8.1f} {r['onnxruntime_peak_rss_mib']:>8.1f} {r['rss_over_need']:>9.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifact", nargs="?", type=Path)
+    ap.add_argument("model", nargs="?", type=Path)
+    ap.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224")
+    ap.add_argument("--corpus", default="", help="comma-separated corpus models (built for x86_64 into --out)")
+    ap.add_argument("--out", type=Path, default=None, help="artifact folder for --corpus (default: temporary)")
+    ap.add_argument("--runs", type=int, default=5, help="processes per side (median)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    a = ap.parse_args(argv)
+    from edgepack.model import parse_shape_args
+    print(HEAD, flush=True)
+    if a.corpus:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = corpus_rows([n for n in a.corpus.split(",") if n], a.out or Path(tmp), a.runs)
+    elif a.artifact and a.model:
+        rows = [side_by_side(a.artifact, a.model, parse_shape_args(a.input_shape), a.runs)]
+        print(format_row(rows[0]))
+    else:
+        ap.error("give ARTIFACT MODEL or --corpus")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
