@@ -160,6 +160,7 @@ const ep_model_spec ep_spec = {{
     .n_inputs = {len(req.inputs)}, .inputs = inputs,
     .n_outputs = {len(req.outputs)}, .outputs = outputs,
     .atol = {req.engine.tolerance.atol!r}, .rtol = {req.engine.tolerance.rtol!r},
+    .min_cosine = {req.engine.tolerance.min_cosine!r},
     .n_options = {len(opts)}, .options = options,
     .manifest_json = {blob("ep_blob_manifest")},
     .golden_inputs = golden_in, .golden_outputs = golden_out,
@@ -206,6 +207,7 @@ static const ep_model_spec s{k}_spec = {{
     .backend = {c_string(seg.backend)},
     .n_inputs = {len(seg.inputs)}, .inputs = s{k}_inputs, .n_outputs = {len(seg.outputs)}, .outputs = s{k}_outputs,
     .atol = {req.engine.tolerance.atol!r}, .rtol = {req.engine.tolerance.rtol!r},
+    .min_cosine = {req.engine.tolerance.min_cosine!r},
     .n_options = {len(opts)}, .options = s{k}_options,
     .golden_inputs = s{k}_nogold, .golden_outputs = s{k}_nogold,
     .n_model_blobs = {len(mb)}, .model_blobs = s{k}_blobs,
@@ -229,7 +231,8 @@ const ep_segment_table ep_segments = {{
 def _npy_bytes(arr: np.ndarray) -> bytes:
     import io
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+    # not ascontiguousarray: it turns a 0-d array (Gemm's scalar bias) into shape (1,)
+    np.save(buf, np.array(arr, order="C"), allow_pickle=False)
     return buf.getvalue()
 
 

@@ -58,6 +58,8 @@ def test_selftest_and_info(tiny_artifacts, tiny_cnn, target):
     assert st.returncode == 0, st.stdout + st.stderr
     res = json.loads(st.stdout)
     assert res["result"] == "PASS" and res["max_abs_err"] <= res["bound"] and res["latency_ms"] > 0
+    # the build's second check, inside the artifact too: the direction of every output
+    assert res["min_cosine"] == 0.999 and 0.999 <= res["cosine"] <= 1.0 + 1e-9, res
     info = json.loads(_run(art, ["info", "--json"], target).stdout)
     assert info["target"]["name"] == target
     assert info["inputs"] == [{"name": "image", "shape": [1, 3, 64, 64], "dtype": "float32"}]

@@ -100,6 +100,7 @@ typedef struct {
     int n_outputs;
     const ep_io_spec *outputs;
     double atol, rtol;          /* selftest passes when max|a-b| <= atol + rtol*max|ref| */
+    double min_cosine;          /* ... and cosine(a, ref) >= min_cosine where ref is not ~0 (the build's policy) */
     int n_options;
     const ep_option *options;   /* backend settings, e.g. ncnn blob names */
     ep_blob manifest_json;
@@ -149,6 +150,9 @@ int ep_check_input(const ep_io_spec *spec, const ep_tensor *t, ep_status *st);
 int ep_alloc_outputs(const ep_model_spec *spec, ep_tensor *outputs, ep_status *st);
 double ep_max_abs_diff(const ep_tensor *a, const ep_tensor *b);
 double ep_max_abs(const ep_tensor *t);
+/* Cosine similarity of a and b over the elements where both are finite; NAN for different shapes,
+ * 0 where one is all zeros (and the other is not), 1 where both are. */
+double ep_cosine(const ep_tensor *a, const ep_tensor *b);
 double ep_now_ms(void);
 int ep_default_threads(void);
 void ep_json_string(FILE *f, const char *s);

@@ -360,6 +360,23 @@ double ep_max_abs(const ep_tensor *t) {
     return m;
 }
 
+double ep_cosine(const ep_tensor *a, const ep_tensor *b) {
+    if (a->ndim != b->ndim) return NAN;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return NAN;
+    size_t n = (size_t)ep_shape_count(a->shape, a->ndim);
+    double dot = 0, na = 0, nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = ep_tensor_get(a, i), y = ep_tensor_get(b, i);
+        if (!isfinite(x) || !isfinite(y)) continue;
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if (na == 0 || nb == 0) return na == nb ? 1.0 : 0.0;
+    return dot / (sqrt(na) * sqrt(nb));
+}
+
 double ep_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
