@@ -6,7 +6,9 @@
  * as their own paths, not inline, so the page runs under a strict Content-Security-Policy (EP_PAGE_CSP:
  * nothing but this origin's script, style and fetches; uploaded images are decoded with
  * createImageBitmap, so no img-src at all). Labels and everything else from the model are outside
- * input: the script writes them with textContent and canvas fillText only, never as HTML. */
+ * input: the script writes them with textContent and canvas fillText only, never as HTML. The picture
+ * is drawn as stored (EXIF orientation ignored), as the artifact's decoder sees it, so boxes land where
+ * the model found them; an answer that arrives after a newer upload is dropped. */
 #include "ep_page.h"
 
 #include <string.h>
@@ -66,7 +68,7 @@ static const char page_js[] =
     "$('title').textContent=m.model.name+' ('+m.target.name+', '+m.backend.name+')';\n"
     "$('io').textContent='inputs: '+m.inputs.map(i=>i.name+' '+i.shape.join('x')+' '+i.dtype).join(', ')+(pp.preprocess?' \\u2014 takes images':'')+' \\u2014 '+kind;\n"
     "}).catch(e=>say('cannot read /info: '+e));\n"
-    "function clear(){$('top').replaceChildren();$('dbody').replaceChildren();$('dets').hidden=true;$('canvas').hidden=true;$('result').textContent=''}\n"
+    "function clear(){delete $('canvas').dataset.boxes;$('top').replaceChildren();$('dbody').replaceChildren();$('dets').hidden=true;$('canvas').hidden=true;$('result').textContent=''}\n"
     "function bars(top){\n"
     "const hi=Math.max(1,...top.map(t=>Math.abs(Number(t.score))||0));\n"
     "top.forEach(t=>{const li=el('li'),tr=el('span',null,'track'),b=el('span',null,'bar'),s=Number(t.score)||0;\n"
@@ -99,15 +101,25 @@ static const char page_js[] =
     "if(pic)draw(pic,d||[]);\n"
     "if(d)table(d);\n"
     "if(top)bars(top)}\n"
+    "function stored(f){return f.arrayBuffer().then(a=>{const v=new DataView(a),L=a.byteLength;\n"
+    "if(L<4||v.getUint16(0)!==0xFFD8)return f;\n"
+    "for(let p=2;p+4<=L;){const m=v.getUint16(p),n=v.getUint16(p+2),e=p+2+n;\n"
+    "if(m<0xFFC0||m===0xFFDA||n<2||e>L)break;\n"
+    "if(m===0xFFE1&&n>=16&&v.getUint32(p+4)===0x45786966){const t=p+10,le=v.getUint16(t)===0x4949,i=t+v.getUint32(t+4,le);\n"
+    "for(let j=0,q=i+2;i+2<=e&&j<v.getUint16(i,le)&&q+12<=e;j++,q+=12)\n"
+    "if(v.getUint16(q,le)===0x0112){v.setUint16(q+8,1,le);return new Blob([a],{type:f.type})}}\n"
+    "p=e}\n"
+    "return f})}\n"
+    "let seq=0;\n"
     "function post(body,type,pic){\n"
-    "say('running\\u2026');clear();\n"
+    "const my=++seq;say('running\\u2026');clear();\n"
     "Promise.all([fetch('/predict',{method:'POST',headers:{'Content-Type':type},body:body}).then(r=>r.json().then(j=>[r.status,j])),pic])\n"
-    ".then(([[s,j],p])=>{show(j,p);say('HTTP '+s)}).catch(e=>say(String(e)))}\n"
+    ".then(([[s,j],p])=>{if(my!==seq)return;show(j,p);say('HTTP '+s)}).catch(e=>{if(my===seq)say(String(e))})}\n"
     "$('file').onchange=()=>{const f=$('file').files[0];if(!f)return;let t=f.type;const n=f.name.toLowerCase();\n"
     "if(n.endsWith('.npy'))t='application/x-npy';else if(n.endsWith('.csv'))t='text/csv';\n"
     "else if(n.endsWith('.json'))t='application/json';else if(n.endsWith('.ppm')||n.endsWith('.pgm'))t='image/x-portable-anymap';\n"
     "else if(!t)t='application/octet-stream';\n"
-    "const pic=/^image\\/(png|jpeg|gif|webp|bmp)$/.test(t)&&window.createImageBitmap?createImageBitmap(f).catch(()=>null):Promise.resolve(null);\n"
+    "const pic=/^image\\/(png|jpeg|gif|webp|bmp)$/.test(t)&&window.createImageBitmap?stored(f).catch(()=>f).then(b=>createImageBitmap(b)).catch(()=>null):Promise.resolve(null);\n"
     "post(f,t,pic)};\n"
     "$('send').onclick=()=>{const v=$('text').value.trim();post(v,/^[\\[{]/.test(v)?'application/json':'text/csv',Promise.resolve(null))};\n";
 
