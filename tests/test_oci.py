@@ -120,6 +120,7 @@ def test_a_second_oci_client_reads_the_index(registry, dist, tmp_path):
 def test_plain_http_needs_the_flag_and_bad_references_fail_clearly(registry, dist, tmp_path):
     ref = f"{registry.host}/models/tiny_cnn:errors"
     _one_error(edgepack("push", dist, ref), 20, "plain HTTP", "--insecure-registry")
+    _one_error(edgepack("deploy", ref, "-d", "local"), 20, "plain HTTP", "--insecure-registry")
     # only the x86_64 build under this tag
     _json(edgepack("push", dist / "tiny_cnn-x86_64", ref, "--insecure-registry", "--json"))
     out = tmp_path / "o"

@@ -75,6 +75,8 @@ class RegistryClient:
         r = self._raw("GET", url)
         if r.status_code == 401:
             challenge = r.headers.get("WWW-Authenticate", "")
+            if challenge.lower().startswith("bearer") and not self.creds:
+                return True  # token registries answer 401 here even to anonymous pulls: oras asks for a token
             if not self.creds:
                 raise RegistryAuthError(f"{self.ref.registry} requires credentials and none were found",
                                         hint="set EDGEPACK_REGISTRY_USER and EDGEPACK_REGISTRY_PASSWORD, or log in "
