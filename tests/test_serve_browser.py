@@ -5,6 +5,7 @@ page runs under the server's Content-Security-Policy, so a blocked script or sty
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 
@@ -157,3 +158,127 @@ def test_page_fits_a_phone(server, tmp_path):
         assert page_errors(d) == []
     finally:
         d.quit()
+
+
+# ---- a detector: boxes drawn on the picture ----------------------------------------------------
+
+HOSTILE = "<img src=x onerror=window.pwned=1>"
+DET_LABELS = [HOSTILE, "dog", "bee"]
+# anchors of the hand-made detector, in its 64x64 input: (cx, cy, w, h, class, score); the rest score 0.01
+DET_ANCHORS = [(16, 16, 16, 12, 0, 0.9), (44, 40, 16, 24, 1, 0.8), (20, 48, 20, 10, 2, 0.7)]
+
+
+def detector_model(d):
+    """images [1,3,64,64] -> output0 [1, 4+3, 64] in YOLOv8's layout (cx, cy, w, h, class scores):
+    a constant plus a tiny input-dependent term (a strided Conv), so it converts and runs like any model,
+    and answers the same three well-separated boxes on every picture."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    n, c = 64, len(DET_LABELS)
+    base = np.zeros((1, 4 + c, n), np.float32)
+    base[0, :4, :] = np.array([32, 32, 4, 4], np.float32)[:, None]
+    base[0, 4:, :] = 0.01
+    for a, (cx, cy, w, h, k, s) in enumerate(DET_ANCHORS):
+        base[0, :4, a] = (cx, cy, w, h)
+        base[0, 4 + k, a] = s
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal((4 + c, 3, 8, 8)) * 1e-6).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([1, 4 + c, n], np.int64), "shape"),
+             numpy_helper.from_array(base, "base")]
+    nodes = [helper.make_node("Conv", ["images", "w"], ["conv"], strides=[8, 8]),
+             helper.make_node("Reshape", ["conv", "shape"], ["flat"]),
+             helper.make_node("Add", ["flat", "base"], ["output0"])]
+    g = helper.make_graph(nodes, "tiny_det", [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 64, 64])],
+                          [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 4 + c, n])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    d.mkdir(parents=True, exist_ok=True)
+    onnx.save(m, d / "tiny_det.onnx")
+    (d / "labels.txt").write_text("\n".join(DET_LABELS) + "\n")
+    return d / "tiny_det.onnx"
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory):
+    from prepost_fixtures import TARGET, build
+    model = detector_model(tmp_path_factory.mktemp("tiny_det"))
+    art = build(model, TARGET, "--backend", "ncnn", "--fp32",
+                "--preprocess", "image:size=64x64,layout=nchw,dtype=float32",
+                "--postprocess", f"detect:format=yolov8,conf=0.25,labels={model.parent / 'labels.txt'}")[TARGET]
+    s = Server(art)
+    yield s
+    s.close()
+
+
+def scene_jpeg(p):
+    """A 640x480 JPEG: smooth gradients (no colour of the box palette at the box edges)."""
+    import numpy as np
+    from PIL import Image
+    yy, xx = np.mgrid[0:480, 0:640].astype(np.float32)
+    img = np.stack([96 + 60 * np.sin(xx / 40), 120 + 50 * np.cos(yy / 30), 110 + 40 * np.sin((xx + yy) / 50)], -1)
+    Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(p, quality=90)
+    return p
+
+
+def test_page_detector_draws_boxes(detector, tmp_path):
+    from selenium.webdriver.common.by import By
+    img = scene_jpeg(tmp_path / "scene.jpg")
+    status, ans = detector.json("POST", "/predict", img.read_bytes(), "image/jpeg")
+    assert status == 200, ans
+    dets = ans["detections"]
+    assert [x["label"] for x in dets] == DET_LABELS and all(x["score"] > 0.5 for x in dets)
+    # in the original picture's pixels: 640/64 = 10 across, 480/64 = 7.5 down
+    for x, (cx, cy, w, h, _, _) in zip(dets, DET_ANCHORS):
+        want = [(cx - w / 2) * 10, (cy - h / 2) * 7.5, (cx + w / 2) * 10, (cy + h / 2) * 7.5]
+        assert max(abs(a - b) for a, b in zip(x["box"], want)) < 1.0, (x, want)
+    d = chrome()
+    try:
+        d.set_page_load_timeout(60)
+        d.get(detector.base + "/")
+        wait_for(lambda: "tiny_det" in d.find_element(By.ID, "title").text)
+        assert "detector" in d.find_element(By.ID, "io").text
+        d.find_element(By.ID, "file").send_keys(str(img))
+        canvas = d.find_element(By.ID, "canvas")
+        assert wait_for(lambda: canvas.get_attribute("data-boxes")) == "3"
+        assert answer_shown(d)["detections"] == dets
+        assert d.execute_script("const c=arguments[0];return [c.width,c.height]", canvas) == [640, 480]
+        rows = d.find_elements(By.CSS_SELECTOR, "#dbody tr")
+        assert len(rows) == 3 and "3 detections" in d.find_element(By.ID, "dcap").text
+        for row, x in zip(rows, dets):
+            cells = row.find_elements(By.TAG_NAME, "td")
+            assert cells[1].text == x["label"] and cells[2].text == f"{x['score']:.3f}"
+            assert cells[3].text == ", ".join(str(math.floor(v + 0.5)) for v in x["box"])  # JS toFixed(0)
+            colour = row.get_attribute("data-colour")
+            rgb = [int(colour[i:i + 2], 16) for i in (1, 3, 5)]
+            x1, y1, x2, y2 = x["box"]
+            xm, ym = round((x1 + x2) / 2), round((y1 + y2) / 2)
+            # each edge of the box, at its middle, is the class colour; the middle of the box is the picture
+            for px, py in ((round(x1), ym), (round(x2), ym), (xm, round(y1)), (xm, round(y2)), (xm, ym)):
+                got = d.execute_script("return Array.from(arguments[0].getContext('2d')"
+                                       ".getImageData(arguments[1], arguments[2], 1, 1).data.slice(0, 3))",
+                                       canvas, px, py)
+                same = max(abs(a - b) for a, b in zip(got, rgb)) <= 3
+                assert same == ((px, py) != (xm, ym)), (x["label"], (px, py), got, colour)
+        assert len({r.get_attribute("data-colour") for r in rows}) == 3  # a colour per class
+        # the hostile label is text everywhere: in the table, in the canvas's description, never markup
+        assert rows[0].find_elements(By.TAG_NAME, "td")[1].text == HOSTILE
+        assert HOSTILE in canvas.get_attribute("aria-label")
+        assert d.execute_script("return [document.images.length, window.pwned === undefined]") == [0, True]
+        screenshot(d, tmp_path / "detector.png")
+        assert page_errors(d) == []
+        # a phone photo stored sideways with an EXIF rotation: the artifact ignores EXIF, so the page
+        # draws the picture as stored (640x480), where the boxes are, not rotated to 480x640
+        from PIL import Image
+        rotated = tmp_path / "rotated.jpg"
+        with Image.open(img) as im:
+            exif = Image.Exif()
+            exif[0x0112] = 6  # Orientation: rotate 90 CW to display
+            im.save(rotated, quality=90, exif=exif)
+        d.find_element(By.ID, "file").send_keys(str(rotated))
+        assert wait_for(lambda: canvas.get_attribute("data-boxes")) == "3"
+        assert d.execute_script("const c=arguments[0];return [c.width,c.height]", canvas) == [640, 480]
+        assert answer_shown(d)["detections"] == dets
+    finally:
+        d.quit()
+    assert detector.alive()
