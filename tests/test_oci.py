@@ -115,6 +115,13 @@ def test_a_second_oci_client_reads_the_index(registry, dist, tmp_path):
     assert titles == {"tiny_cnn-arm64": "application/vnd.edgepack.artifact.v1.executable",
                       "tiny_cnn-arm64.json": "application/vnd.edgepack.artifact.v1.manifest+json",
                       "SHA256SUMS": "application/vnd.edgepack.artifact.v1.sha256sums"}
+    # and the oras library's own high-level pull of that entry (by digest) writes the files by their titles
+    import oras.client
+    arm_entry = next(m for m in index["manifests"] if m["platform"]["architecture"] == "arm64")
+    files = oras.client.OrasClient(insecure=True).pull(target=f"{registry.host}/models/tiny_cnn@{arm_entry['digest']}",
+                                                       outdir=str(tmp_path / "oras"))
+    assert sorted(Path(f).name for f in files) == sorted(titles)
+    assert (tmp_path / "oras" / "tiny_cnn-arm64").read_bytes() == arm.read_bytes()
 
 
 def test_plain_http_needs_the_flag_and_bad_references_fail_clearly(registry, dist, tmp_path):
