@@ -100,6 +100,11 @@ def deploy(ctx, artifact, fail_fast, insecure, pull_on_device, **kw):
 
     ARTIFACT may be REGISTRY/REPO:TAG (pushed with `edgepack push`): each device gets the entry of its
     inventory target or of its architecture, pulled once here and checked by digest.
+
+    \b
+    Examples:
+      edgepack deploy dist/model-jetson-orin -I devices.toml --tag jetson -j 8
+      edgepack deploy dist/model-x86_64 -d edge@192.0.2.10:2222 --json
     """
     if kw.pop("via") == "ansible":
         return deploy_via_ansible(ctx, artifact, kw)
@@ -154,8 +159,9 @@ def devices_check(ctx, **kw):
 
 
 @devices.command("list")
-@click.option("--inventory", "-I", type=click.Path(path_type=Path), required=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--inventory", "-I", type=click.Path(path_type=Path), required=True,
+              help="devices.toml (name, host, port, user, key, target, dest, tags).")
+@click.option("--json", "as_json", is_flag=True, help="Print the devices as JSON on stdout.")
 def devices_list(inventory, as_json):
     """Print the devices of an inventory (no connection is made)."""
     from rich.table import Table
