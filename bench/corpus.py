@@ -293,9 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     kept: list[Row] = []
     if args.update and args.json.is_file():
-        names = {e.name for e in entries}
+        # a re-run replaces only its own (model, target) rows: `--update --targets arm64` keeps x86_64's
+        names, targets = {e.name for e in entries}, set(args.targets.split(","))
         kept = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.loads(args.json.read_text())["rows"]
-                if r["model"] not in names]
+                if r["model"] not in names or r["target"] not in targets | {"-"}]
     order = [e.name for e in load_table()]
     for e in entries:
         model = fetch(e, log=lambda m: print(m, file=sys.stderr), offline=args.offline)
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += new
         everything = sorted(kept + rows, key=lambda r: order.index(r.model) if r.model in order else len(order))
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"targets": args.targets, "runs": args.runs, "rounds": args.rounds,
+        args.json.write_text(json.dumps({"targets": ",".join(sorted({r.target for r in everything} - {"-"})), "runs": args.runs, "rounds": args.rounds,
                                          "edgepack_commit": _commit(),
                                          "rows": [r.__dict__ | {"ratio": r.ratio} for r in everything]}, indent=1))
     rows = sorted(kept + rows, key=lambda r: order.index(r.model) if r.model in order else len(order))

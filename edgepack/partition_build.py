@@ -33,20 +33,37 @@ PARTITION_BACKENDS = ("ncnn", "tvm")  # preference order: NCNN is the fast one
 PREFIX_UNSAFE_OPS = frozenset({"TopK"})
 
 
-def plan_for(model, target: Target) -> Plan | None:
+def plan_for(model, target: Target, force: dict[str, str] | None = None) -> Plan | None:
     """The split plan for ``target``, or None when the graph does not split (one backend takes it
-    all, or the target lacks one of the two backends)."""
+    all, or the target lacks one of the two backends). ``force``: node -> backend (the nodes pnnx
+    leaves layers ncnn cannot load for, see partition_probe.py)."""
     names = tuple(b for b in PARTITION_BACKENDS if b in target.backends)
     try:
         preds = backend_predicates(model, names)
         if len(preds) < 2:
             return None
-        p = plan(model, preds, tuple(preds))
+        if force and not all(preds["tvm"](op) for op in _ops_of(model, force)):
+            return None  # a node to cut out that TVM cannot build either
+        p = plan(model, preds, tuple(preds), force=force)
     except PlanError:
         return None
     except Exception:  # noqa: BLE001  a graph the planner mis-handles keeps the whole-graph path, never an internal error
         return None
     return p if p.is_split else None
+
+
+def _ops_of(model, nodes: dict[str, str]) -> set[str]:
+    from .partition import _named
+    return {n.op_type for n in _named(model.proto).graph.node if n.name in nodes}
+
+
+def leftover_plan(model, target: Target, log) -> Plan | None:
+    """After NCNN's conversion left layers ncnn cannot load: the plan that cuts their nodes out."""
+    from .partition_probe import offending_nodes
+    if "tvm" not in target.backends or "ncnn" not in target.backends:
+        return None
+    force = offending_nodes(model, log)
+    return plan_for(model, target, force) if force else None
 
 
 def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: Toolchain, log,
@@ -170,7 +187,7 @@ class SplitBackend:
         return get_backend("ncnn").missing_tools() + get_backend("tvm").missing_tools()
 
     def compile(self, req: CompileRequest) -> EngineBuild:
-        p = plan_for(req.model, req.target)
+        p = plan_for(req.model, req.target) or leftover_plan(req.model, req.target, req.log)
         if p is None:
             raise PlanError(f"{req.model.path.name}: the graph does not split into NCNN and TVM segments")
         req.log(f"partitioned plan: {p.describe()}")
@@ -193,8 +210,14 @@ def with_split(candidates: list[tuple[str, str | None]], model, target: Target, 
         why = (f"backend {SPLIT} is not installed ({'; '.join(missing)})" if missing else
                None if plan_for(model, target) is not None else f"{model.path.name} does not split into NCNN and TVM")
         return [(SPLIT, why)]
-    if requested != "auto" or not candidates or candidates[0][0] != "ncnn" or candidates[0][1] is None:
+    if requested != "auto" or not candidates or candidates[0][0] != "ncnn" or SPLIT_BACKEND.missing_tools():
         return candidates
-    if SPLIT_BACKEND.missing_tools() or plan_for(model, target) is None:
+    if candidates[0][1] is None:
+        # NCNN's op table takes the graph: the split is tried only if NCNN's build fails, and
+        # compiles only if pnnx left layers whose nodes can be cut out (leftover_plan)
+        if any(n == "tvm" and why is None for n, why in candidates[1:]) and "tvm" in target.backends:
+            return [candidates[0], (SPLIT, None)] + list(candidates[1:])
+        return candidates
+    if plan_for(model, target) is None:
         return candidates
     return [candidates[0], (SPLIT, None)] + list(candidates[1:])

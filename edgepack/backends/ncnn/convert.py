@@ -110,6 +110,9 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
             if s.dtype != "float32":
                 raise UnsupportedOpError(f"{model.path.name}: input {s.name} is {s.dtype}; ncnn artifacts take float32",
                                          hint="use --backend tvm for integer inputs")
+            if not s.shape:  # pnnx's inputshape= has no spelling for a 0-d tensor (it drops it, then fails)
+                raise UnsupportedOpError(f"{model.path.name}: input {s.name} is a scalar (0-d); ncnn artifacts "
+                                         "take tensors of at least one dimension", hint="use --backend tvm")
         fp16 = "1" if precision == "fp16" else "0"
         log(f"converting with pnnx (fp16 weights={fp16})")
         layers = _run_pnnx(model, model.proto, root, fp16)
@@ -128,7 +131,11 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
                 left = sorted({t for t, _ in _leftovers(layers)}) or ["a layer ncnn cannot load"]
                 log(f"pnnx left {', '.join(left)}; retrying after ONNX rewrites: {', '.join(rewrites)}")
                 layers = _run_pnnx(model, rewritten, root, fp16)
-        for ltype, lname in _leftovers(layers):
+        left = _leftovers(layers)
+        if left:
+            from ...partition_probe import record
+            record(model, left)  # the split backend cuts their nodes out to TVM (partition_probe.py)
+        for ltype, lname in left:
             raise UnsupportedOpError(
                 f"{model.path.name}: ncnn has no layer for {ltype} (layer {lname}; {_guess_onnx_op(ltype, model)})",
                 hint="use --backend tvm, or rewrite that part of the model")
@@ -172,10 +179,16 @@ def _leftovers(layers: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(t, n) for t, n in layers if ncnn.layer_to_index(t) < 0]
 
 
-def _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision) -> float:
+def run_python_ncnn(model: LoadedModel, converted: NcnnModel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The converted model's outputs on ``inputs`` with the ncnn Python wheel (fp32, 1 thread),
+    reshaped to onnxruntime's shapes (the model's declared output shapes)."""
+    return _run_python_ncnn(model, converted.param, converted.bin, converted.input_blobs, converted.input_batch,
+                            converted.output_blobs, converted.output_batch, inputs)
+
+
+def _run_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, inputs,
+                     ref: dict | None = None) -> dict[str, np.ndarray]:
     import ncnn
-    inputs = random_inputs(model.inputs, seed=1234)
-    ref = run_onnxruntime(model, inputs)
     net = ncnn.Net()
     net.opt.num_threads = 1
     net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
@@ -184,7 +197,7 @@ def _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, o
     got = {}
     with net.create_extractor() as ex:
         for spec, blob, b in zip(model.inputs, in_blobs, in_batch):
-            arr = inputs[spec.name]
+            arr = np.ascontiguousarray(inputs[spec.name], dtype=np.float32)
             mat = ncnn.Mat(arr[0] if b == "0" else arr).clone()
             ex.input(blob, mat)
         for spec, blob, b in zip(model.outputs, out_blobs, out_batch):
@@ -192,12 +205,19 @@ def _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, o
             if ret != 0:
                 raise BuildError(f"ncnn failed to compute output {spec.name} (blob {blob})")
             arr = np.array(mat)
-            want = tuple(int(d) for d in ref[spec.name].shape)
+            want = tuple(int(d) for d in (ref[spec.name].shape if ref is not None else spec.shape))
             if arr.size != int(np.prod(want)):
                 raise VerificationError(
                     f"{model.path.name}: pnnx mis-converted output {spec.name}: ncnn gives shape {arr.shape}, "
                     f"onnxruntime {want}", hint="use --backend tvm for this model")
             got[spec.name] = arr.reshape(want)
+    return got
+
+
+def _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision) -> float:
+    inputs = random_inputs(model.inputs, seed=1234)
+    ref = run_onnxruntime(model, inputs)
+    got = _run_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, inputs, ref)
     tol = Tolerance(atol=1e-3, rtol=1e-2) if precision == "fp16" else Tolerance(atol=1e-4, rtol=1e-3)
     results = compare(got, ref, tol)
     bad = [r for r in results if not r.ok]
