@@ -25,7 +25,6 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
           ansible.builtin.set_fact:
             ep_t0: "{{ now().timestamp() }}"
             ep_token: "{{ lookup('ansible.builtin.password', '/dev/null', chars=['digits', 'abcdef'], length=16) }}"
-            ep_stage: probe
             ep_locked: false
             ep_raw: true
             ep_p: {}
@@ -81,14 +80,15 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
             - name: locked?
               ansible.builtin.set_fact:
                 ep_locked: "{{ '@locked' in ep_lock1.stdout or '@locked' in (ep_lock2.stdout | default('')) }}"
+                # the lock step left a copy of the step script in the lock folder: the next steps are one
+                # `raw` command each instead of a `script` upload each
+                ep_step: "{{ ep_p.dest }}/.edgepack-lock/step.sh"
             - name: another run holds the lock
               ansible.builtin.fail:
                 msg: "{{ ep_p.dest }} is locked by another edgepack run ({{ ep_lock2.stdout | default('') | edgepack_holder }}); waited {{ edgepack_lock_wait }} s, nothing was changed"
               when: not ep_locked
             - name: look again under the lock
-              ansible.builtin.script:
-                cmd: "edgepack-step.sh probe {{ edgepack_dest | quote }}"
-                executable: sh
+              ansible.builtin.raw: "sh {{ ep_step | quote }} probe {{ ep_p.dest | quote }}"
               register: ep_probe
               changed_when: false
             - name: read it
@@ -102,9 +102,7 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
                     msg: "disk full: {{ ep_p.dest }} has {{ ep_p.free_kb }} KiB free, {{ edgepack_artifact }} needs {{ edgepack_need_kb }} KiB; nothing was changed"
                   when: ep_p.have_release is not defined and (ep_p.free_kb | default(edgepack_need_kb) | int) < edgepack_need_kb
                 - name: upload folder
-                  ansible.builtin.script:
-                    cmd: "edgepack-step.sh prepare {{ edgepack_dest | quote }} .incoming-{{ ep_token }}"
-                    executable: sh
+                  ansible.builtin.raw: "sh {{ ep_step | quote }} prepare {{ ep_p.dest | quote }} .incoming-{{ ep_token }}"
                   register: ep_prep
                   when: ep_p.have_release is not defined
                 - name: upload (copy, with the device's Python)
@@ -119,17 +117,10 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
                     executable: sh
                   when: ep_p.have_release is not defined and ep_raw
                 - name: verify the sha256 on the device, move into releases/<sha16>
-                  ansible.builtin.script:
-                    cmd: "edgepack-step.sh install {{ edgepack_dest | quote }} .incoming-{{ ep_token }}"
-                    executable: sh
+                  ansible.builtin.raw: "sh {{ ep_step | quote }} install {{ ep_p.dest | quote }} .incoming-{{ ep_token }}"
                   when: ep_p.have_release is not defined
                 - name: selftest on the device, before anything points at it
-                  ansible.builtin.set_fact:
-                    ep_stage: selftest
-                - name: selftest
-                  ansible.builtin.script:
-                    cmd: "edgepack-step.sh selftest {{ edgepack_dest | quote }} {{ edgepack_selftest_timeout }}"
-                    executable: sh
+                  ansible.builtin.raw: "sh {{ ep_step | quote }} selftest {{ ep_p.dest | quote }} {{ edgepack_selftest_timeout }}"
                   register: ep_st
                   changed_when: false
                   timeout: "{{ edgepack_selftest_timeout + 30 }}"
@@ -140,13 +131,8 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
                   ansible.builtin.fail:
                     msg: "{{ ep_test.message }}"
                   when: not ep_test.passed
-                - name: switch previous and current
-                  ansible.builtin.set_fact:
-                    ep_stage: switch
                 - name: switch (atomic renames) and prune
-                  ansible.builtin.script:
-                    cmd: "edgepack-step.sh switch {{ edgepack_dest | quote }}"
-                    executable: sh
+                  ansible.builtin.raw: "sh {{ ep_step | quote }} switch {{ ep_p.dest | quote }}"
                   register: ep_sw
                 - name: deployed
                   ansible.builtin.set_fact:
@@ -163,10 +149,11 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
               sha256: "{{ edgepack_sha256 }}"
           when: not ep_result
       rescue:
+        - name: which step failed
+          ansible.builtin.set_fact:
+            ep_stage: "{{ 'selftest' if ansible_failed_task.name in ['selftest on the device, before anything points at it', 'read the selftest', 'the selftest passed'] else 'other' }}"
         - name: remove what this run uploaded (current never moved)
-          ansible.builtin.script:
-            cmd: "edgepack-step.sh discard {{ edgepack_dest | quote }}"
-            executable: sh
+          ansible.builtin.raw: "sh {{ ep_step | quote }} discard {{ ep_p.dest | quote }}"
           when: ep_locked | bool
           ignore_errors: true
         - name: rolled back or failed
@@ -183,9 +170,7 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
             msg: "{{ ep_result.message }}"
       always:
         - name: release the lock
-          ansible.builtin.script:
-            cmd: "edgepack-step.sh unlock {{ edgepack_dest | quote }} {{ ep_token }}"
-            executable: sh
+          ansible.builtin.raw: "sh {{ ep_step | quote }} unlock {{ ep_p.dest | quote }} {{ ep_token }}"
           when: ep_locked | bool
           changed_when: false
           ignore_errors: true

@@ -63,7 +63,9 @@ prune() {
 }
 lock_try() {  # $1 token; the rest: owner lines
   tok=$1; shift
-  if mkdir -- "$L" 2>/dev/null; then printf '%s\n' "$@" > "$L/owner"; echo "@locked $tok"; return 0; fi
+  if mkdir -- "$L" 2>/dev/null; then
+    printf '%s\n' "$@" > "$L/owner"; cp -- "$0" "$L/step.sh" 2>/dev/null; echo "@locked $tok"; return 0
+  fi
   return 1
 }
 lock_held() {
@@ -128,7 +130,7 @@ takeover)  # OLD-TOKEN: remove the lock only if it is still the one judged stale
   if [ "$t" = "$1" ]; then g="$L.stale-$$"; mv -- "$L" "$g" && rm -rf -- "$g"; echo "@taken_over"; fi
   exit 0 ;;
 unlock)  # TOKEN
-  grep -qx "token=$1" "$L/owner" 2>/dev/null && rm -f -- "$L/owner" && rmdir -- "$L"
+  grep -qx "token=$1" "$L/owner" 2>/dev/null && rm -f -- "$L/owner" "$L/step.sh" && rmdir -- "$L"
   exit 0 ;;
 prepare)  # INCOMING: a fresh upload folder with edgepack's marker first (so prune may clean it up)
   mkdir -p -- "$R" && mkdir -- "$R/$1" && printf '%s\n' "$SHA" > "$R/$1/@@MARKER@@" || exit 3
