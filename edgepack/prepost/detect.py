@@ -49,6 +49,10 @@ def resolve_detect(det: Detect, out: str, shape: tuple, hw: tuple) -> Detect:
             raise UsageError(f"postprocess detect: cannot tell the format of output {out} ({shown}) from its shape",
                              hint="name it: detect:format=yolov8|yolov5|yolox")
     need = 5 if fmt == "yolov8" else 6
+    if (feat < need or n <= feat) and not det.format:
+        raise UsageError(f"postprocess detect: output {out} is {shown}, which fits no detector format (yolov8 "
+                         f"[1, 4+classes, anchors], yolov5/yolox [1, anchors, 5+classes])",
+                         hint="name the box output with detect:output=NAME, or use softmax,topk=K for a classifier")
     if feat < need or n <= feat:
         want = "[1, 4+classes, anchors]" if fmt == "yolov8" else "[1, anchors, 5+classes]"
         raise UsageError(f"postprocess detect format={fmt}: output {out} is {shown}, expected {want} with "

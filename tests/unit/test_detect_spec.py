@@ -74,7 +74,7 @@ def test_format_recognised_from_shape(shape, hw, fmt, classes, anchors, cf):
 
 
 @pytest.mark.parametrize("det,shape,needle", [
-    (Detect(), (1, 1000), "is 1x1000"),                                 # a classifier's output
+    (Detect(), (1, 1000), "is 1x1000, which fits no detector format"),  # a classifier's output
     (Detect(), (1, 500, 7), "cannot tell the format"),                  # anchors-first, fits no grid
     (Detect(format="yolov8"), (1, 4, 100), "expected \\[1, 4\\+classes, anchors\\]"),
     (Detect(format="yolox"), (1, 3000, 6), "has 3000 anchors, but a 416x416 input"),
