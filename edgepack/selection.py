@@ -43,25 +43,27 @@ class BenchDevice:
     """--bench-on: one device of the inventory (or an ssh alias), reached with deploy's connectors."""
     device: object                   # deploy.device.Device
     options: object                  # deploy.engine.Options
-    _arch: str | None = field(default=None, repr=False)
+    _facts: object = field(default=None, repr=False)  # deploy.probe.DeviceFacts
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def name(self) -> str:
         return self.device.name
 
-    def arch(self) -> str:
-        """The device's `uname -m`, asked once (targets build in threads)."""
+    def runs(self, arch: str) -> bool:
+        """Whether the device runs ``arch`` executables (natively, or through binfmt_misc/qemu-user as
+        deploy's probe sees it); asked once, as targets build in threads."""
         with self._lock:
-            if self._arch is None:
+            if self._facts is None:
                 from .deploy.engine import open_connector
+                from .deploy.probe import parse_probe, probe_script
                 with open_connector(self.device, self.options) as conn:
-                    res = conn.run("uname -m", 30)
+                    res = conn.run(probe_script("/nonexistent/edgepack-bench"), 60)
                 if res.rc != 0:
-                    raise DeployError(f"device {self.name}: `uname -m` failed: {res.output[:200]}")
-                m = res.stdout.strip()
-                self._arch = {"arm64": "aarch64", "amd64": "x86_64"}.get(m, m)
-            return self._arch
+                    raise DeployError(f"device {self.name}: probing its architecture failed: {res.output[:200]}",
+                                      hint=f"check the device with `edgepack check -d {self.name}`")
+                self._facts = parse_probe(res.stdout)
+            return self._facts.runs(arch)
 
 
 def resolve_bench_device(spec: str, inventory: Path | None, ssh_config: Path | None = None) -> BenchDevice:
@@ -79,7 +81,7 @@ def where_to_time(target, policy: str, bench_on: BenchDevice | None) -> str | No
     """'device', 'native' or None (cannot be timed: keep the first candidate that verifies)."""
     if policy == "first":
         return None
-    if bench_on is not None and bench_on.arch() == target.arch:
+    if bench_on is not None and bench_on.runs(target.arch):
         return "device"
     if target.arch == host_arch() and NATIVE in target.verify_cpus:
         return "native"
