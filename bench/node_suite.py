@@ -251,7 +251,10 @@ def isolated(fn, args, timeout: float) -> dict:
     proc = ctx.Process(target=_child, args=(fn, args, send))
     proc.start()
     send.close()
-    got = recv.recv() if recv.poll(timeout) else None
+    try:
+        got = recv.recv() if recv.poll(timeout) else None
+    except EOFError:  # the child died before answering (a signal inside pnnx's or TVM's native code)
+        got = None
     proc.join(5)
     if proc.is_alive():
         proc.kill()
@@ -277,7 +280,9 @@ def _preload(backends: list[str]) -> None:
         from tvm.relax.frontend import onnx as _  # noqa: F401
 
 
-def run_suite(cases: list, backends: list[str], artifacts: list, timeout: float, log=print) -> list[dict]:
+def run_suite(cases: list, backends: list[str], artifacts: list, timeout: float, log=print,
+              progress: Path | None = None) -> list[dict]:
+    """Every case; with ``progress``, the rows so far are rewritten there after each case."""
     _preload(backends)
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgepack-node-") as tmp:
@@ -285,14 +290,18 @@ def run_suite(cases: list, backends: list[str], artifacts: list, timeout: float,
             d = Path(tmp) / case.name
             d.mkdir()
             t0 = time.monotonic()
-            res = isolated(fast_case, (case, backends, d), timeout) if backends else {"case": case.name}
-            if "__crash__" in res:
-                res = {"case": case.name} | {b: {"outcome": "crash", "detail": res["__crash__"]} for b in backends}
+            res = {"case": case.name}
+            for b in backends:  # one child per backend: a segfault is charged to the one that had it
+                one = isolated(fast_case, (case, [b], d), timeout)
+                res[b] = {"outcome": "crash", "detail": one["__crash__"]} if "__crash__" in one else one[b]
+                res.setdefault("ops", one.get("ops"))
             if case in artifacts:
                 a = isolated(artifact_case, (case, d, timeout), timeout + 30)
                 res["artifact"] = {"outcome": "crash", "detail": a["__crash__"]} if "__crash__" in a else a
             res["seconds"] = round(time.monotonic() - t0, 1)
             rows.append(res)
+            if progress:
+                progress.write_text(json.dumps({"partial": True, "rows": rows}, indent=1))
             log(f"[{i + 1}/{len(cases)}] {case.name}: " + ", ".join(
                 f"{k} {res[k]['outcome']}" for k in (*backends, "artifact") if k in res) + f" ({res['seconds']} s)")
     return rows
@@ -348,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     artifacts = rng.sample(cases, n_art) if n_art < len(cases) else list(cases)
     backends = [b for b in args.backends.split(",") if b]
     os.environ.setdefault("ORT_LOG_LEVEL", "4")
-    rows = run_suite(cases, backends, artifacts, args.timeout, log=lambda m: print(m, file=sys.stderr, flush=True))
+    rows = run_suite(cases, backends, artifacts, args.timeout, log=lambda m: print(m, file=sys.stderr, flush=True),
+                     progress=args.json)
     keys = backends + (["artifact"] if artifacts else [])
     what = (f"{len(cases)} cases" + (f" (sample {args.sample}, seed {args.seed})" if args.sample else "")
             + (", float32 inputs only" if args.float32 else ""))
