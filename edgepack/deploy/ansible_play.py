@@ -29,28 +29,23 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
             ep_raw: true
             ep_p: {}
             ep_result: {}
-        - name: owner of the lock (this machine, this run)
-          ansible.builtin.set_fact:
-            ep_owner: "{{ inventory_hostname | edgepack_owner(ep_token, 'deploy') }}"
         - name: Python >= 3.8 on the device? (raw needs none)
           ansible.builtin.raw: >-
             p=$(command -v python3) && "$p" -c 'import sys; sys.exit(sys.version_info < (3, 8))'
             && echo "@python $p" || echo '@python none'
           register: ep_py
           changed_when: false
-        - name: without it only raw and script modules are used
-          ansible.builtin.set_fact:
-            ep_raw: "{{ (ep_py.stdout | edgepack_parse).python | default('none') == 'none' }}"
-            ansible_python_interpreter: "{{ (ep_py.stdout | edgepack_parse).python | default('python3') }}"
         - name: probe (architecture, glibc, free space, installed version)
           ansible.builtin.script:
             cmd: "edgepack-step.sh probe {{ edgepack_dest | quote }}"
             executable: sh
           register: ep_probe
           changed_when: false
-        - name: read the probe
+        - name: read the probe (without Python only raw and script modules are used)
           ansible.builtin.set_fact:
             ep_p: "{{ ep_probe.stdout | edgepack_parse }}"
+            ep_raw: "{{ (ep_py.stdout | edgepack_parse).python | default('none') == 'none' }}"
+            ansible_python_interpreter: "{{ (ep_py.stdout | edgepack_parse).python | default('python3') }}"
         - name: the artifact fits the device
           ansible.builtin.fail:
             msg: "{{ ep_p.refuse }}"
@@ -60,7 +55,7 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
           block:
             - name: take the device's lock
               ansible.builtin.script:
-                cmd: "edgepack-step.sh lock {{ edgepack_dest | quote }} {{ ep_token }} 0 {{ edgepack_lock_stale }} {{ ep_owner | map('quote') | join(' ') }}"
+                cmd: "edgepack-step.sh lock {{ edgepack_dest | quote }} {{ ep_token }} 0 {{ edgepack_lock_stale }} {{ inventory_hostname | edgepack_owner(ep_token, 'deploy') | map('quote') | join(' ') }}"
                 executable: sh
               register: ep_lock1
               changed_when: false
@@ -72,7 +67,7 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
               changed_when: false
             - name: wait for the lock
               ansible.builtin.script:
-                cmd: "edgepack-step.sh lock {{ edgepack_dest | quote }} {{ ep_token }} {{ edgepack_lock_wait }} {{ edgepack_lock_stale }} {{ ep_owner | map('quote') | join(' ') }}"
+                cmd: "edgepack-step.sh lock {{ edgepack_dest | quote }} {{ ep_token }} {{ edgepack_lock_wait }} {{ edgepack_lock_stale }} {{ inventory_hostname | edgepack_owner(ep_token, 'deploy') | map('quote') | join(' ') }}"
                 executable: sh
               register: ep_lock2
               changed_when: false
@@ -97,12 +92,8 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
             - name: upload, verify on the device, selftest, switch
               when: ep_p.current_sha | default('') != edgepack_sha256
               block:
-                - name: room for the upload
-                  ansible.builtin.fail:
-                    msg: "disk full: {{ ep_p.dest }} has {{ ep_p.free_kb }} KiB free, {{ edgepack_artifact }} needs {{ edgepack_need_kb }} KiB; nothing was changed"
-                  when: ep_p.have_release is not defined and (ep_p.free_kb | default(edgepack_need_kb) | int) < edgepack_need_kb
-                - name: upload folder
-                  ansible.builtin.raw: "sh {{ ep_step | quote }} prepare {{ ep_p.dest | quote }} .incoming-{{ ep_token }}"
+                - name: upload folder (if there is room)
+                  ansible.builtin.raw: "sh {{ ep_step | quote }} prepare {{ ep_p.dest | quote }} .incoming-{{ ep_token }} {{ edgepack_need_kb }}"
                   register: ep_prep
                   when: ep_p.have_release is not defined
                 - name: upload (copy, with the device's Python)
@@ -123,14 +114,8 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
                   ansible.builtin.raw: "sh {{ ep_step | quote }} selftest {{ ep_p.dest | quote }} {{ edgepack_selftest_timeout }}"
                   register: ep_st
                   changed_when: false
+                  failed_when: not (ep_st.stdout | default('') | edgepack_selftest(edgepack_selftest_timeout)).passed
                   timeout: "{{ edgepack_selftest_timeout + 30 }}"
-                - name: read the selftest
-                  ansible.builtin.set_fact:
-                    ep_test: "{{ ep_st.stdout | edgepack_selftest(edgepack_selftest_timeout) }}"
-                - name: the selftest passed
-                  ansible.builtin.fail:
-                    msg: "{{ ep_test.message }}"
-                  when: not ep_test.passed
                 - name: switch (atomic renames) and prune
                   ansible.builtin.raw: "sh {{ ep_step | quote }} switch {{ ep_p.dest | quote }}"
                   register: ep_sw
@@ -139,7 +124,7 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
                     ep_result:
                       status: deployed
                       message: "{{ edgepack_short[:8] }} installed{{ (', previous ' ~ ep_p.current[-16:][:8] ~ ' kept') if ep_p.current is defined else '' }}"
-                      latency_ms: "{{ ep_test.latency_ms }}"
+                      latency_ms: "{{ (ep_st.stdout | edgepack_selftest).latency_ms }}"
                       sha256: "{{ edgepack_sha256 }}"
         - name: no change
           ansible.builtin.set_fact:
@@ -151,7 +136,8 @@ PLAYBOOK = r"""# Written by `edgepack fleet export-ansible`: deploys @@NAME@@ (s
       rescue:
         - name: which step failed
           ansible.builtin.set_fact:
-            ep_stage: "{{ 'selftest' if ansible_failed_task.name in ['selftest on the device, before anything points at it', 'read the selftest', 'the selftest passed'] else 'other' }}"
+            ep_stage: "{{ 'selftest' if ansible_failed_task.name == 'selftest on the device, before anything points at it' else 'other' }}"
+            ep_test: "{{ ep_st.stdout | default('@rc -1') | edgepack_selftest(edgepack_selftest_timeout) }}"
         - name: remove what this run uploaded (current never moved)
           ansible.builtin.raw: "sh {{ ep_step | quote }} discard {{ ep_p.dest | quote }}"
           when: ep_locked | bool

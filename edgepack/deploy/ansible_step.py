@@ -132,7 +132,12 @@ takeover)  # OLD-TOKEN: remove the lock only if it is still the one judged stale
 unlock)  # TOKEN
   grep -qx "token=$1" "$L/owner" 2>/dev/null && rm -f -- "$L/owner" "$L/step.sh" && rmdir -- "$L"
   exit 0 ;;
-prepare)  # INCOMING: a fresh upload folder with edgepack's marker first (so prune may clean it up)
+prepare)  # INCOMING NEED_KB: a fresh upload folder with edgepack's marker first (so prune may clean it up)
+  d="$D"; [ -d "$d" ] || d="${d%/*}"
+  free=$(df -Pk "$d" 2>/dev/null | { last=""; while read -r l; do last="$l"; done; set -- $last; echo "${4:-}"; })
+  if [ -n "$free" ] && [ "$free" -lt "$2" ] 2>/dev/null; then
+    echo "disk full: $D has $free KiB free, $NAME needs $2 KiB; nothing was changed" >&2; exit 4
+  fi
   mkdir -p -- "$R" && mkdir -- "$R/$1" && printf '%s\n' "$SHA" > "$R/$1/@@MARKER@@" || exit 3
   echo "@incoming $R/$1"; exit 0 ;;
 install)  # INCOMING: verify the sha256 on the device, then move into releases/<sha16>
