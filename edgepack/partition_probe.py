@@ -57,10 +57,14 @@ def recorded(model: LoadedModel) -> list[str] | None:
 
 def _candidates(proto: onnx.ModelProto, types: list[str]) -> list:
     ops: set[str] = set()
+    present = {n.op_type.lower(): n.op_type for n in proto.graph.node}
     for t in types:
-        if t not in SOURCES:
+        if t in SOURCES:
+            ops.update(SOURCES[t])
+        elif t.split(".")[-1].lower() in present:  # pnnx kept the ONNX op as a layer (Gather, Pad)
+            ops.add(present[t.split(".")[-1].lower()])
+        else:
             return [n for n in proto.graph.node]  # a layer type we cannot trace: every node is a suspect
-        ops.update(SOURCES[t])
     return [n for n in proto.graph.node if n.op_type in ops]
 
 
