@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -328,8 +329,9 @@ def markdown(rows: list[dict], keys: list[str], header: str) -> str:
         reasons: dict[str, int] = {}
         for r in rows:
             if k in r and r[k]["outcome"] == "refused":
-                why = r[k]["detail"].split(":")[0] + ":" + r[k]["detail"].split(":")[1][:60] \
-                    if r[k]["detail"].count(":") else r[k]["detail"][:60]
+                # the reason without the case's file name, numbers and op-specific tails
+                why = re.sub(r"test_\w+\.onnx:?\s*", "", r[k]["detail"].splitlines()[0] if r[k]["detail"] else "")
+                why = re.split(r"[\d(\[]", why)[0].strip()[:80]
                 reasons[why] = reasons.get(why, 0) + 1
         if reasons:
             out += ["", f"{k}: refusals by first reason (top 8):", ""]
@@ -348,7 +350,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300, help="seconds per case and path")
     ap.add_argument("--json", type=Path, default=None, help="write every case's result here")
     ap.add_argument("--markdown", type=Path, default=None, help="write the summary table here")
+    ap.add_argument("--report", type=Path, default=None,
+                    help="print the summary of an existing --json (also a partial one), run nothing")
     args = ap.parse_args(argv)
+    if args.report:
+        doc = json.loads(args.report.read_text())
+        rows = doc["rows"]
+        keys = [k for k in ("ncnn", "tvm", "artifact") if any(k in r for r in rows)]
+        what = doc.get("what") or f"the first {len(rows)} cases of a run (partial)"
+        text = markdown(rows, keys, f"Node suite: {what}; artifacts built for {sum('artifact' in r for r in rows)}.")
+        print(text)
+        if args.markdown:
+            args.markdown.write_text(text + "\n")
+        return 0
     cases = load_cases([n for n in args.cases.split(",") if n] or None, args.float32)
     rng = random.Random(args.seed)
     if args.sample and args.sample < len(cases):
