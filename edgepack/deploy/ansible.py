@@ -38,7 +38,7 @@ class AnsibleOptions:
     batch: str = "25%"               # size of the next batches (a count or a percentage)
     max_fail: int = 0                # percent of a batch that may fail before the roll-out stops
     inventory_format: str = "yaml"   # yaml | ini
-    forks: int = 8                   # devices worked on at once within a batch
+    forks: int = 16                  # devices worked on at once within a batch (-j)
     dest: str | None = None
     known_hosts: str | None = None
     accept_new_host_key: bool = False

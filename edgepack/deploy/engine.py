@@ -34,7 +34,7 @@ _RELEASE_RE = re.compile(rf"{release.RELEASES}/[0-9a-f]{{16}}")
 class Options:
     ssh: SSHOptions = field(default_factory=SSHOptions)
     dest: str | None = None            # overrides every device's dest
-    parallel: int = 4
+    parallel: int = 16                 # the CLI's -j default (docs/deploy.md: numbers)
     fail_fast: bool = False
     selftest_timeout: float = 300.0    # qemu-emulated devices are slow
     lock_wait: float = 120.0           # seconds to wait for another run's lock on the same DEST
