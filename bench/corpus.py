@@ -193,6 +193,13 @@ def rows_for(entry: Entry, doc: dict, seconds: float) -> list[Row]:
     return rows
 
 
+def kept_rows(old: list[dict], models: set[str], targets: set[str]) -> list[Row]:
+    """The rows of an earlier report that a re-run of ``models`` on ``targets`` does not replace:
+    `--update --targets arm64` keeps x86_64's rows (a whole-build failure's row, target "-", goes)."""
+    return [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in old
+            if r["model"] not in models or r["target"] not in targets | {"-"}]
+
+
 def _commit() -> str:
     """The edgepack commit measured, with "+dirty" when the working tree has changes."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
@@ -293,10 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     kept: list[Row] = []
     if args.update and args.json.is_file():
-        # a re-run replaces only its own (model, target) rows: `--update --targets arm64` keeps x86_64's
-        names, targets = {e.name for e in entries}, set(args.targets.split(","))
-        kept = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.loads(args.json.read_text())["rows"]
-                if r["model"] not in names or r["target"] not in targets | {"-"}]
+        kept = kept_rows(json.loads(args.json.read_text())["rows"], {e.name for e in entries},
+                         set(args.targets.split(",")))
     order = [e.name for e in load_table()]
     for e in entries:
         model = fetch(e, log=lambda m: print(m, file=sys.stderr), offline=args.offline)
