@@ -164,3 +164,15 @@ def test_unreachable_device_reported(lab, tmp_path):
     bad = res[f"root@127.0.0.251:{port}"]
     assert bad["status"] == "unreachable" and "Connection refused" in bad["message"], bad
     assert "1 of 2" in err
+
+
+def test_wrong_architecture_refused_before_upload(lab, tmp_path):
+    dev = lab.add("x1", "x86_64")
+    inv = lab.write_inventory()
+    arm = make_standin(tmp_path / "arm", "arm64")
+    rc, data, err = _via(arm, "-I", inv, "-d", "x1")
+    r = by_device(data)["x1"]
+    assert rc == 9 and r["status"] == "failed", r
+    assert "wrong architecture, nothing was uploaded" in r["message"], r
+    assert not (dev.home / "edgepack" / "releases").exists()
+    assert not (dev.home / "edgepack" / ".edgepack-lock").exists()
