@@ -176,3 +176,22 @@ def test_wrong_architecture_refused_before_upload(lab, tmp_path):
     assert "wrong architecture, nothing was uploaded" in r["message"], r
     assert not (dev.home / "edgepack" / "releases").exists()
     assert not (dev.home / "edgepack" / ".edgepack-lock").exists()
+
+
+def test_lock_of_an_ended_run_on_this_machine_is_taken_over(lab, tmp_path):
+    """The lock format and stale rule are deploy/lock.py's: a lock left by an edgepack process of this
+    machine that has ended is taken over at once (the filter plugin judges it on the controller)."""
+    from edgepack.deploy.lock import _me
+    dev = lab.add("x1", "x86_64")
+    inv = lab.write_inventory()
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=30)
+    lock = dev.home / "edgepack" / ".edgepack-lock"
+    lock.mkdir(parents=True)
+    me = {**_me(), "pid": str(dead.pid), "token": "0123456789abcdef", "device": "x1", "op": "deploy"}
+    (lock / "owner").write_text("".join(f"{k}={v}\n" for k, v in me.items()))
+    t0 = time.monotonic()
+    rc, data, err = _via(make_standin(tmp_path / "v1"), "-I", inv, "-d", "x1", "--lock-wait", "100")
+    assert rc == 0 and by_device(data)["x1"]["status"] == "deployed", err
+    assert time.monotonic() - t0 < 90  # taken over, not waited for
+    assert not lock.exists()
