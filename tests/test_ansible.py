@@ -195,3 +195,14 @@ def test_lock_of_an_ended_run_on_this_machine_is_taken_over(lab, tmp_path):
     assert rc == 0 and by_device(data)["x1"]["status"] == "deployed", err
     assert time.monotonic() - t0 < 90  # taken over, not waited for
     assert not lock.exists()
+
+
+def test_unknown_host_key_is_refused(lab, tmp_path):
+    """Host key checking is on: a device whose key is not in the inventory's known_hosts gets nothing."""
+    dev = lab.add("x1", "x86_64", trust=False)
+    inv = lab.write_inventory()
+    rc, data, err = _via(make_standin(tmp_path / "v1"), "-I", inv, "-d", "x1")
+    r = by_device(data)["x1"]
+    assert rc == 9 and r["status"] == "unreachable", r
+    assert "Host key verification failed" in r["message"] and "known_hosts" in r["hint"], r
+    assert not (dev.home / "edgepack").exists()

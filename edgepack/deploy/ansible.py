@@ -138,6 +138,10 @@ def inventory_ini(devices: list[Device], opts: AnsibleOptions) -> str:
 
 def _config(opts: AnsibleOptions, inventory: str) -> str:
     t = max(1, math.ceil(opts.connect_timeout))
+    # StrictHostKeyChecking in ssh_args: ssh takes the first value it is given, and ssh_args come before
+    # the `StrictHostKeyChecking=no` Ansible adds when host_key_checking is turned off (ansible-runner
+    # turns it off unless told otherwise), so host keys stay checked whoever runs the playbook
+    policy = "accept-new" if opts.accept_new_host_key else "yes"
     # ControlPersist: the steps of one device reuse one SSH connection; short, so nothing lingers long
     return f"""# Written by `edgepack fleet export-ansible`. Host keys are checked (known_hosts per host in the inventory).
 [defaults]
@@ -153,7 +157,7 @@ filter_plugins = ./filter_plugins
 callback_plugins = ./callback_plugins
 
 [ssh_connection]
-ssh_args = -o ControlMaster=auto -o ControlPersist=15s -o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout={t}
+ssh_args = -o StrictHostKeyChecking={policy} -o ControlMaster=auto -o ControlPersist=15s -o BatchMode=yes -o PasswordAuthentication=no -o ConnectTimeout={t}
 pipelining = True
 """
 

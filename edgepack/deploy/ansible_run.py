@@ -76,9 +76,13 @@ class Collector:
     def result(self, dev: Device, art: ArtifactInfo) -> DeviceResult:
         r = self.lines.get(dev.name)
         if r is None and dev.name in self.unreachable:
-            return DeviceResult(dev.name, dev.address, UNREACHABLE, 0.0, target=art.target, hint=(
-                "check the address, the port, that sshd runs on the device and its key is in known_hosts"),
-                message=f"{dev.name}: cannot reach {dev.address} through Ansible: {self.unreachable[dev.name]}")
+            why = self.unreachable[dev.name]
+            hint = ("the device's host key is unknown or changed: check its fingerprint, then add it to "
+                    "known_hosts (or rerun with --accept-new-host-key for a new device)"
+                    if "Host key verification failed" in why else
+                    "check the address, the port and that sshd runs on the device")
+            return DeviceResult(dev.name, dev.address, UNREACHABLE, 0.0, target=art.target, hint=hint,
+                                message=f"{dev.name}: cannot reach {dev.address} through Ansible: {why}")
         if r is None:
             return DeviceResult(dev.name, dev.address, SKIPPED, 0.0, target=art.target,
                                 message="not started: the roll-out stopped at the failure threshold (--max-fail)")
@@ -112,7 +116,9 @@ def run(ex: Export, art: ArtifactInfo, devices: list[Device], opts: AnsibleOptio
         r = ansible_runner.run(private_data_dir=str(work), project_dir=str(ex.folder), playbook=ex.playbook.name,
                                inventory=str(ex.inventory), quiet=True, event_handler=col,
                                # runner runs `ansible-playbook` from PATH (a `binary` would drop the playbook)
+                               # runner would set ANSIBLE_HOST_KEY_CHECKING=False by default
                                envvars={"ANSIBLE_CONFIG": str(ex.config), "ANSIBLE_FORCE_COLOR": "0",
+                                        "ANSIBLE_HOST_KEY_CHECKING": "True",
                                         "PATH": str(Path(binary).parent) + os.pathsep + os.environ.get("PATH", "")},
                                timeout=limit, suppress_env_files=True)
         stdout = r.stdout.read() if r.stdout else ""

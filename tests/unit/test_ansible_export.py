@@ -54,6 +54,7 @@ def test_export_writes_inventory_config_and_plugins(tmp_path):
     assert "tag_line_1:" in inv and "tag_line_2:" in inv
     cfg = ex.config.read_text()
     assert "forks = 7" in cfg and "host_key_checking = True" in cfg
+    assert "ssh_args = -o StrictHostKeyChecking=accept-new" in cfg  # first: wins over Ansible's own "=no"
     assert (ex.folder / "files" / art.name).read_bytes() == art.path.read_bytes()
     assert (ex.folder / "files" / f"{art.name}.run").read_bytes().endswith(art.path.read_bytes())
     step = (ex.folder / "edgepack-step.sh").read_text()
