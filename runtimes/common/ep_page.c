@@ -75,6 +75,8 @@ static const char page_js[] =
     "li.dataset.score=s;tr.setAttribute('aria-hidden','true');b.style.width=Math.max(0,s)/hi*100+'%';tr.append(b);\n"
     "li.append(el('span',t.label,'lab'),tr,el('span',num(t.score,3),'num'));$('top').append(li)})}\n"
     "function okBox(o){return o&&Array.isArray(o.box)&&o.box.length===4&&o.box.every(Number.isFinite)}\n"
+    /* draw: the picture, then each box outlined in its class colour with "label score" on a filled tab
+     * above it (inside when at the top edge); line and text scale with the picture. */
     "function draw(pic,d){\n"
     "const c=$('canvas'),x=c.getContext('2d'),big=Math.max(pic.width,pic.height);\n"
     "c.width=pic.width;c.height=pic.height;x.drawImage(pic,0,0);\n"
@@ -101,6 +103,8 @@ static const char page_js[] =
     "if(pic)draw(pic,d||[]);\n"
     "if(d)table(d);\n"
     "if(top)bars(top)}\n"
+    /* stored(f): a JPEG copy whose EXIF Orientation (tag 0x0112, IFD0 of the APP1 Exif segment) is 1, or f
+     * itself; markers are walked up to SOS and every read stays inside its segment. */
     "function stored(f){return f.arrayBuffer().then(a=>{const v=new DataView(a),L=a.byteLength;\n"
     "if(L<4||v.getUint16(0)!==0xFFD8)return f;\n"
     "for(let p=2;p+4<=L;){const m=v.getUint16(p),n=v.getUint16(p+2),e=p+2+n;\n"
@@ -110,6 +114,7 @@ static const char page_js[] =
     "if(v.getUint16(q,le)===0x0112){v.setUint16(q+8,1,le);return new Blob([a],{type:f.type})}}\n"
     "p=e}\n"
     "return f})}\n"
+    /* post: the request and the picture's decoding in parallel; only the latest upload's answer is shown. */
     "let seq=0;\n"
     "function post(body,type,pic){\n"
     "const my=++seq;say('running\\u2026');clear();\n"
