@@ -57,13 +57,19 @@ def _ops_of(model, nodes: dict[str, str]) -> set[str]:
     return {n.op_type for n in _named(model.proto).graph.node if n.name in nodes}
 
 
-def leftover_plan(model, target: Target, log) -> Plan | None:
+def leftover_plan(model, target: Target, log) -> tuple[Plan | None, dict[str, str]]:
     """After NCNN's conversion left layers ncnn cannot load: the plan that cuts their nodes out."""
     from .partition_probe import offending_nodes
     if "tvm" not in target.backends or "ncnn" not in target.backends:
-        return None
-    force = offending_nodes(model, log)
-    return plan_for(model, target, force) if force else None
+        return None, {}
+    force = offending_nodes(model, log) or {}
+    return (plan_for(model, target, force) if force else None), force
+
+
+class _SegmentFailed(Exception):
+    def __init__(self, index: int, exc: EdgepackError):
+        super().__init__(exc.message)
+        self.index, self.exc = index, exc
 
 
 def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: Toolchain, log,
@@ -121,8 +127,11 @@ def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Pa
         elif seg.backend == "tvm" and set(seg.ops) & PREFIX_UNSAFE_OPS:
             builds.append(_compile_tvm_segment(sub, target, wd, "", tc, seg_log, tuning_db))  # no x86-64 ISA copies
         else:
-            builds.append(get_backend(seg.backend).compile(CompileRequest(sub, target, precision, wd, tc, seg_log,
-                                                                                     tuning_db)))
+            try:
+                builds.append(get_backend(seg.backend).compile(CompileRequest(sub, target, precision, wd, tc, seg_log,
+                                                                              tuning_db)))
+            except EdgepackError as exc:  # the split backend may move this segment to TVM and re-plan
+                raise _SegmentFailed(k, exc) from exc
     return builds, combine(p, builds, target, tc, log)
 
 
@@ -187,12 +196,34 @@ class SplitBackend:
         return get_backend("ncnn").missing_tools() + get_backend("tvm").missing_tools()
 
     def compile(self, req: CompileRequest) -> EngineBuild:
-        p = plan_for(req.model, req.target) or leftover_plan(req.model, req.target, req.log)
+        force: dict[str, str] = {}
+        p = plan_for(req.model, req.target)
+        if p is None:
+            p, force = leftover_plan(req.model, req.target, req.log)
         if p is None:
             raise PlanError(f"{req.model.path.name}: the graph does not split into NCNN and TVM segments")
-        req.log(f"partitioned plan: {p.describe()}")
-        builds, engine = compile_segments(p, req.model, req.target, req.precision, req.workdir, req.toolchain,
-                                          req.log, req.tuning_db)
+        tvm_ok = backend_predicates(req.model, ("tvm",)).get("tvm", lambda op: False)
+        # an NCNN segment that fails (pnnx leaves a layer in context, ncnn cannot compute it, its
+        # conversion check disagrees) moves whole to TVM when TVM builds all of it; bounded
+        for attempt in range(len(p.segments) + 1):
+            req.log(f"partitioned plan: {p.describe()}")
+            try:
+                builds, engine = compile_segments(p, req.model, req.target, req.precision, req.workdir / f"try{attempt}",
+                                                  req.toolchain, req.log, req.tuning_db)
+                break
+            except _SegmentFailed as failed:
+                seg = p.segments[failed.index]
+                if not all(tvm_ok(op) for op in seg.ops):
+                    raise failed.exc from None
+                req.log(f"segment {failed.index} (ncnn) failed: {failed.exc.message[:200]}; moving its "
+                        f"{len(seg.nodes)} nodes to TVM")
+                force.update({n: "tvm" for n in seg.nodes})
+                nxt = plan_for(req.model, req.target, force)
+                if nxt is None:  # everything on TVM now: the whole-graph TVM build does that better
+                    raise failed.exc from None
+                p = nxt
+        else:
+            raise PlanError(f"{req.model.path.name}: no NCNN+TVM plan built")
         ncnn_rungs = {b.manifest.get("precision") for b in builds if b.backend == "ncnn"} - {None}
         manifest = dict(engine.manifest, precision=ncnn_rungs.pop() if len(ncnn_rungs) == 1 else req.precision)
         return replace(engine, manifest=manifest, segments=bundle_segments(p, req.model, builds))

@@ -389,7 +389,7 @@ def test_inspect_shows_the_plan(tmp_path):
     assert "plan segment 1: tvm <- TopK" in text.stdout
 
 
-def test_auto_offers_the_split_only_when_ncnn_lacks_an_op(tmp_path):
+def test_auto_offers_the_split_after_ncnn(tmp_path):
     from edgepack.partition_build import SPLIT, with_split
     from edgepack.pipeline import backend_candidates
     from edgepack.targets import TargetMatrix
@@ -398,6 +398,10 @@ def test_auto_offers_the_split_only_when_ncnn_lacks_an_op(tmp_path):
     cands = with_split(backend_candidates(split, target, "auto"), split, target, "auto")
     assert [n for n, _ in cands] == ["ncnn", SPLIT, "tvm"] and cands[1][1] is None
     assert [n for n, _ in with_split(backend_candidates(split, target, "tvm"), split, target, "tvm")] == ["tvm"]
-    # NCNN refused nothing: it is tried on the whole graph, no split offered
-    assert with_split([("ncnn", None), ("tvm", None)], split, target, "auto") == [("ncnn", None), ("tvm", None)]
+    # NCNN refused nothing: it is tried on the whole graph first; the split follows it (it builds only
+    # when NCNN's conversion left layers whose nodes can be cut out: test_partition_leftover.py)
+    assert with_split([("ncnn", None), ("tvm", None)], split, target, "auto") == [("ncnn", None), (SPLIT, None),
+                                                                                  ("tvm", None)]
+    assert with_split([("ncnn", None), ("tvm", "tvm cannot build op LSTM")], split, target, "auto") == \
+        [("ncnn", None), ("tvm", "tvm cannot build op LSTM")]
     assert with_split([], split, target, SPLIT) == [(SPLIT, None)]  # verify-build of a split artifact
