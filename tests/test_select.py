@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import run_edgepack
