@@ -206,3 +206,22 @@ def test_unknown_host_key_is_refused(lab, tmp_path):
     assert rc == 9 and r["status"] == "unreachable", r
     assert "Host key verification failed" in r["message"] and "known_hosts" in r["hint"], r
     assert not (dev.home / "edgepack").exists()
+
+
+def test_exported_playbook_run_by_ansible_playbook_prints_one_line_per_device(lab, tmp_path):
+    """What teams that run Ansible themselves get: plain `ansible-playbook site.yml` in the exported folder."""
+    dev = lab.add("pc", "x86_64")
+    inv = tmp_path / "devices.toml"
+    inv.write_text(lab.write_inventory().read_text()
+                   + '\n[devices.gone]\nhost = "127.0.0.252"\nport = 1\nuser = "root"\n')
+    art = make_standin(tmp_path / "v1")
+    out = tmp_path / "rollout"
+    p = edgepack("fleet", "export-ansible", art, "-I", inv, "-d", "pc,gone", "-o", out, "--max-fail", "100",
+                 "--canary", "2", timeout=60)
+    assert p.returncode == 0, p.stderr
+    run = subprocess.run([_ansible_tool("ansible-playbook"), "site.yml"], cwd=out, capture_output=True, text=True,
+                         timeout=300)
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("edgepack: ")]
+    assert run.returncode != 0 and len(lines) == 2, run.stdout[-3000:]
+    assert lines[0].startswith("edgepack: pc deployed") and lines[1].startswith("edgepack: gone unreachable")
+    assert _current(dev) == f"releases/{inspect_artifact(art).short}"

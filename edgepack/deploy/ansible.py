@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import ToolMissingError, UsageError
 from .ansible_play import PLAYBOOK
 from .ansible_step import extractor, step_script
 from .artifact import ArtifactInfo
@@ -172,7 +172,12 @@ def _vars(art: ArtifactInfo, opts: AnsibleOptions) -> str:
 
 def _plugin_source(name: str) -> str:
     # read, not imported: the callback plugin imports Ansible, which exporting does not need
-    return Path(__file__).with_name(name).read_text()
+    path = Path(__file__).with_name(name)
+    if not path.is_file():
+        raise ToolMissingError(f"{name} is not next to {Path(__file__).name} (a frozen edgepack without its "
+                               "Ansible plugin sources)", hint="run export-ansible from an installed edgepack "
+                               "(pip install -e .)")
+    return path.read_text()
 
 
 def plan_text(art: ArtifactInfo, devices: list[Device], bs: list[list[str]], opts: AnsibleOptions) -> str:
