@@ -127,6 +127,13 @@ def test_sdk_artifact_and_onnx_paths_agree(cell):
         edgepack.load(EXAMPLES / "tiny_cnn.onnx").detect(img)
 
 
+def test_edgepack_run_answers_boxes_for_artifact_and_onnx(cell):
+    for what in (cell["artifact"], cell["model"]):
+        proc = run_edgepack("run", what, "--input", cell["png"])
+        assert proc.returncode == 0, proc.stderr
+        _check_rectangle(json.loads(proc.stdout)["detections"], cell["rect"])
+
+
 @pytest.mark.parametrize("post,needle", [
     ("detect:format=yolox", "format=yolox: output output0 is 1x5x64, expected \\[1, anchors, 5\\+classes\\]"),
     ("detect:format=yolo9", "format='yolo9' is not known"),

@@ -13,6 +13,8 @@ from ..errors import ArtifactError, EdgepackError, InputError, ModelError, Usage
 
 
 def _answer(model, result: dict) -> dict:
+    if "detections" in result:  # Model.detect()'s answer: boxes in image pixels (baked detection)
+        return result
     out = {}
     if model.prepost.get("postprocess"):
         out["top"] = model.top(result)
@@ -20,6 +22,11 @@ def _answer(model, result: dict) -> dict:
                           "values": [None if isinstance(x, float) and not np.isfinite(x) else x
                                      for x in v.reshape(-1).tolist()]} for k, v in result.items()}
     return out
+
+
+def _predict(model):
+    """detect() for a model with baked detection (its answer is boxes), else predict()."""
+    return model.detect if (model.prepost.get("postprocess") or {}).get("detect") else model.predict
 
 
 def _csv_rows(path: Path) -> np.ndarray:
@@ -117,7 +124,7 @@ def _run(model, inputs, input_dir, output, threads):
             for p in sorted(q for q in Path(input_dir).iterdir() if q.is_file() and not q.name.startswith(".")):
                 total += 1
                 try:
-                    line = {"file": p.name, **_answer(m, m.predict(p))}
+                    line = {"file": p.name, **_answer(m, _predict(m)(p))}
                 except Exception as exc:  # one bad file is an error line, not a stop
                     failed += 1
                     line = {"file": p.name, "error": str(exc)}
@@ -125,11 +132,11 @@ def _run(model, inputs, input_dir, output, threads):
         elif len(feeds) == 1 and next(iter(feeds.values())).lower().endswith(".csv"):
             rows = _csv_rows(Path(next(iter(feeds.values()))))
             for r, row in enumerate(rows):
-                out.write(json.dumps({"row": r, **_answer(m, m.predict(row))}) + "\n")
+                out.write(json.dumps({"row": r, **_answer(m, _predict(m)(row))}) + "\n")
         elif len(m.inputs) == 1:
-            out.write(json.dumps(_answer(m, m.predict(feeds[m.inputs[0].name]))) + "\n")
+            out.write(json.dumps(_answer(m, _predict(m)(feeds[m.inputs[0].name]))) + "\n")
         else:
-            res = m.predict({k: np.load(v, allow_pickle=False) for k, v in feeds.items()})
+            res = _predict(m)({k: np.load(v, allow_pickle=False) for k, v in feeds.items()})
             out.write(json.dumps(_answer(m, res)) + "\n")
     if failed:
         print(f"{total} files: {total - failed} ok, {failed} failed", file=sys.stderr)
