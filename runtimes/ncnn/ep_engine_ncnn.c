@@ -6,12 +6,15 @@
  * ncnn.fp32 ("1" forces fp32 storage and arithmetic), ncnn.fp16_arithmetic ("0": fp16 storage only).
  * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights.
  */
+#define _DEFAULT_SOURCE /* madvise, MADV_DONTNEED */
 #include "ep_engine_table.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "ncnn/c_api.h"
 
@@ -38,33 +41,77 @@ static int ncnn_visible_cpus(void) {
     return n > 0 ? n : 1;
 }
 
-/* The embedded weights are loaded by ep_ncnn_load_weights (ep_ncnn_weights.cc), which hands each
- * page of them back to the kernel once ncnn has repacked the layers using it (issue 10 item 5: the
- * embedded copy no longer adds to the peak RSS). That is safe only for a read-only, file-backed
- * mapping, whose pages the kernel reads again from the executable if anything touches them later. */
-size_t ep_ncnn_load_weights(ncnn_net_t net, const unsigned char *data, size_t n, int may_release);
+/* Weights are read through this reader rather than ncnn_net_load_model_memory: ncnn loads and
+ * repacks one layer at a time (and, in light mode, drops the layer's unpacked weights), so each page
+ * of the embedded .bin is needed only until the reader has moved past it. Handing those pages back
+ * as we go keeps the embedded copy out of the peak RSS (issue 10 item 5: peak was ~3x the model's
+ * need). Only pages of a read-only, file-backed mapping are handed back: the kernel reads them again
+ * from the executable if anything touches them later, so this can never change a weight. */
+typedef struct {
+    const unsigned char *cur, *end;
+    uintptr_t released;  /* [released, page of cur) may go back to the kernel */
+    uintptr_t limit;     /* end of the file-backed read-only mapping holding the weights; 0: none */
+} weight_reader;
 
-/* Whether [lo, hi) lies in one read-only, file-backed mapping of this process. */
-static int file_backed_readonly(uintptr_t lo, uintptr_t hi) {
+static _Thread_local weight_reader *tl_reader;  /* ncnn's C reader has no slot for our state */
+
+/* The end of the read-only, file-backed mapping containing [lo, hi), or 0 if there is none. */
+static uintptr_t file_mapping_end(uintptr_t lo, uintptr_t hi) {
     FILE *f = fopen("/proc/self/maps", "r");
     if (!f) return 0;
     char line[512];
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f)) {
+    uintptr_t found = 0;
+    while (fgets(line, sizeof line, f)) {
         unsigned long a, b, inode;
         char perms[8];
-        if (sscanf(line, "%lx-%lx %7s %*s %*s %lu", &a, &b, perms, &inode) == 4)
-            found = a <= lo && hi <= b && perms[1] == '-' && inode != 0;
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %lu", &a, &b, perms, &inode) != 4) continue;
+        if (a <= lo && hi <= b && perms[1] == '-' && inode != 0) {
+            found = b;
+            break;
+        }
     }
     fclose(f);
     return found;
 }
 
+static void release_behind(weight_reader *r) {
+    const uintptr_t chunk = 1u << 20;  /* batches madvise calls: one per MiB read */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t upto = (uintptr_t)r->cur & ~(page - 1);
+    if (!r->limit || upto < r->released + chunk) return;
+    madvise((void *)r->released, upto - r->released, MADV_DONTNEED);
+    r->released = upto;
+}
+
+static size_t weight_read(ncnn_datareader_t dr, void *buf, size_t size) {
+    (void)dr;
+    weight_reader *r = tl_reader;
+    if (!r) return 0;
+    size_t left = (size_t)(r->end - r->cur);
+    if (size > left) size = left;
+    memcpy(buf, r->cur, size);
+    r->cur += size;
+    release_behind(r);
+    return size;
+}
+
+/* Loads the weights blob through weight_read; returns the bytes consumed, or (size_t)-1 on error. */
 static size_t load_weights(ncnn_net_t net, const ep_blob *bin) {
     size_t n = ep_blob_size(bin);
     const unsigned char *data = bin->data;
-    int may_release = n > 0 && file_backed_readonly((uintptr_t)data, (uintptr_t)data + n);
-    return ep_ncnn_load_weights(net, data, n, may_release);
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    weight_reader r = {data, data + n, ((uintptr_t)data + page - 1) & ~(page - 1), 0};
+    if (n) r.limit = file_mapping_end((uintptr_t)data, (uintptr_t)data + n);
+    ncnn_datareader_t dr = ncnn_datareader_create();
+    if (!dr) return (size_t)-1;
+    dr->read = weight_read;
+    tl_reader = &r;
+    int rc = ncnn_net_load_model_datareader(net, dr);
+    tl_reader = NULL;
+    ncnn_datareader_destroy(dr);
+    if (r.limit && (uintptr_t)r.released < ((uintptr_t)r.end & ~(page - 1)))  /* the tail */
+        madvise((void *)r.released, ((uintptr_t)r.end & ~(page - 1)) - r.released, MADV_DONTNEED);
+    return rc == 0 ? (size_t)(r.cur - data) : (size_t)-1;
 }
 
 static const char *indexed(const ep_model_spec *spec, const char *prefix, int i, const char *fallback) {

@@ -3,9 +3,8 @@
  * ncnn's C API takes a custom reader with read() only, so every weight would be copied; this C++
  * reader also answers reference(): ncnn then uses fp32 weights where they lie in the executable and
  * converts fp16 ones straight from there (no copy). ncnn loads and repacks one layer at a time and, in
- * light mode, drops the layer's unpacked weights, so once the reader is two arrays further on, the
- * pages behind are not needed: they are handed back with MADV_DONTNEED, which keeps the embedded copy
- * out of the peak RSS. Only pages of a read-only, file-backed mapping are handed back: anything that
+ * light mode, drops the layer's unpacked weights, so the pages behind the reader are not needed: they
+ * are handed back with MADV_DONTNEED, which keeps the embedded copy out of the peak RSS. Only pages of a read-only, file-backed mapping are handed back: anything that
  * touches one later (a layer that kept its weights by reference) gets it again from the executable,
  * so no weight can change. */
 #include <stdint.h>
@@ -24,7 +23,6 @@ public:
     ReleasingReader(const unsigned char *data, size_t n, bool may_release)
         : cur_(data), end_(data + n), page_((uintptr_t)sysconf(_SC_PAGESIZE)), may_release_(may_release) {
         released_ = ((uintptr_t)data + page_ - 1) & ~(page_ - 1);
-        prev_ = cur_;
     }
 
     size_t read(void *buf, size_t size) const override {
@@ -52,19 +50,18 @@ public:
     size_t consumed(const unsigned char *data) const { return (size_t)(cur_ - data); }
 
 private:
-    /* Pages below the start of the previous array go back: the current layer may still be using the
-     * array before this one (weights, then bias). One madvise per MiB at most. */
+    /* Every array is in its own buffer by the time the reader moves on (copied by read(), converted
+     * from fp16/bf16 by ModelBin right after reference()), so the pages behind the reader go back.
+     * One madvise per MiB at most. */
     void advance(size_t size) const {
-        const unsigned char *start = cur_;
         cur_ += size;
-        uintptr_t upto = (uintptr_t)prev_ & ~(page_ - 1);
-        prev_ = start;
+        uintptr_t upto = (uintptr_t)cur_ & ~(page_ - 1);
         if (!may_release_ || upto < released_ + ((uintptr_t)1 << 20)) return;
         madvise((void *)released_, upto - released_, MADV_DONTNEED);
         released_ = upto;
     }
 
-    mutable const unsigned char *cur_, *prev_;
+    mutable const unsigned char *cur_;
     mutable uint32_t flag_ = 0;
     const unsigned char *end_;
     uintptr_t page_;
