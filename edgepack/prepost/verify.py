@@ -5,6 +5,7 @@ NMS, letterbox and mapping back to image pixels."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +38,7 @@ def _mark_near(dets: list[dict], conf: float) -> list[dict]:
 
 def check_detections(artifact: Path, model: LoadedModel, cpus, workdir: Path, inputs: dict | None = None,
                      log: Callable[[str], None] = lambda m: None, checks: tuple = ()) -> dict:
-    """{} for a model without detection; else {"inputs", "reference_boxes", "matched"} summed over CPUs.
+    """{} for a model without detection; else {"inputs", "reference_boxes", "matched"} on the first CPU.
     Raises VerificationError naming the CPU, the image and the first box that differs."""
     from ..runner import run_artifact
     cfg = prepost_of(model.proto)
@@ -56,11 +57,16 @@ def check_detections(artifact: Path, model: LoadedModel, cpus, workdir: Path, in
         np.save(indir / "realistic.npy", inputs[model.inputs[0].name])
         cases["realistic.npy"] = _reference(model, cfg, None, inputs)
     total = {"inputs": 0, "reference_boxes": 0, "matched": 0}
-    for k, cpu in enumerate(cpus):
-        # one process per CPU for every image (under qemu, loading the model costs seconds)
+    # On the first verification CPU only: decoding and NMS are plain C with no per-CPU code path, and the
+    # model's numbers on every CPU were checked before this; under qemu each image costs a minute.
+    for k, cpu in enumerate(list(cpus)[:1]):
+        # one process for every image (under qemu, loading the model costs seconds)
         out = workdir / f"detections-{k}.jsonl"
-        proc = run_artifact(artifact, ["run", "--threads", "1", "--input-dir", str(indir), "--output", str(out)],
-                            cpu=cpu)
+        try:
+            proc = run_artifact(artifact, ["run", "--threads", "1", "--input-dir", str(indir), "--output", str(out)],
+                                cpu=cpu, timeout=3600)
+        except subprocess.TimeoutExpired:
+            raise _failed(f"{artifact.name} gave no detections on CPU {cpu} within an hour", checks) from None
         answers = {}
         if proc.returncode == 0 and out.is_file():
             for line in out.read_text().splitlines():
