@@ -1,28 +1,15 @@
 """Shared fixtures: real artifacts built once per test session (cached libncnn makes them fast)."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from clirun import edgepack_cmd, run_edgepack  # noqa: F401  (tests import them from here too)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
-
-
-def edgepack_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "edgepack", *args]
-
-
-def run_edgepack(*args, cwd: Path | None = None, timeout: float = 3600, env: dict | None = None
-                 ) -> subprocess.CompletedProcess:
-    """The one way tests run the real command line: a subprocess, so exit codes and stderr are
-    exactly what a user sees. A wide COLUMNS keeps rich from wrapping what it prints."""
-    env = {**os.environ, "COLUMNS": "250", **(env or {})}
-    return subprocess.run(edgepack_cmd(*map(str, args)), capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env=env)
 
 
 @pytest.fixture(scope="session")

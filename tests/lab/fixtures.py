@@ -33,7 +33,7 @@ def module_lab(tmp_path_factory):
 
 def edgepack(*args, timeout: float = 300, env=None) -> subprocess.CompletedProcess:
     """conftest.run_edgepack from the repository root, with a deploy-sized timeout."""
-    from conftest import run_edgepack
+    from clirun import run_edgepack
     return run_edgepack(*args, cwd=REPO, timeout=timeout, env=env)
 
 
