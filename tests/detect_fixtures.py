@@ -73,9 +73,10 @@ def fixed_copy(src: Path, dest: Path, shape: list[int]) -> Path:
     for d, v in zip(dims, shape):
         d.ClearField("dim_param")
         d.dim_value = v
+    # the stored symbolic shapes would win over inference: drop them, infer from the fixed input
+    del m.graph.value_info[:]
     for o in m.graph.output:
-        for d in o.type.tensor_type.shape.dim:
-            d.ClearField("dim_param")
+        o.type.tensor_type.ClearField("shape")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(onnx.shape_inference.infer_shapes(m), dest)
+    onnx.save(onnx.shape_inference.infer_shapes(m, data_prop=True), dest)
     return dest
