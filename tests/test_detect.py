@@ -176,7 +176,8 @@ def real(request, tmp_path_factory):
     (d / f"{name}.edgepack.toml").write_text(toml)
     if labels:
         (d / "labels.txt").write_text("\n".join(labels) + "\n")
-    arts = _build(model, "x86_64,arm64", d / "dist")
+    # fp32: the precision ladder is tested elsewhere; here it would only triple the qemu verification time
+    arts = _build(model, "x86_64,arm64", d / "dist", "--fp32")
     return {"name": name, "model": model, "artifacts": arts}
 
 
