@@ -167,3 +167,19 @@ def test_cold_cache_reads_the_index_from_pip_config_without_pip(frozen, tiny_cnn
     assert "cannot download ncnn-" in r["error"] and "nonexistent-index-from-pip-conf" in r["error"], r
     assert "EDGEPACK_NCNN_SDIST" in r["hint"]
     assert any((cold / "tools").glob("*/ziglang/zig"))
+
+
+def test_frozen_exports_an_ansible_rollout_with_its_plugins(frozen, tiny_artifacts, tmp_path):
+    """export-ansible writes two plugin sources it reads from next to its own module: the one-file
+    build must carry them (packaging/edgepack.spec)."""
+    inv = tmp_path / "devices.toml"
+    inv.write_text('[devices.cam-01]\nhost = "127.0.0.1"\nport = 2222\nuser = "edge"\ntarget = "x86_64"\n')
+    out = tmp_path / "rollout"
+    proc = run_frozen(frozen, ["fleet", "export-ansible", str(tiny_artifacts["x86_64"]), "-I", str(inv), "-d", "cam-01",
+                              "-o", str(out)],
+                      clean_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    deploy_dir = REPO / "edgepack" / "deploy"
+    assert (out / "filter_plugins" / "edgepack.py").read_text() == (deploy_dir / "ansible_filters.py").read_text()
+    assert (out / "callback_plugins" / "edgepack_summary.py").read_text() == \
+        (deploy_dir / "ansible_summary.py").read_text()
