@@ -90,11 +90,23 @@ def _graph_inputs(proto) -> list[str]:
     return [i.name for i in proto.graph.input if i.name not in inits]
 
 
+def _value(v):
+    """A case's data: numpy arrays, or TensorProtos (the Cast cases), or lists (sequences: kept)."""
+    from onnx import TensorProto, numpy_helper
+    if isinstance(v, TensorProto):
+        return numpy_helper.to_array(v)
+    return np.asarray(v) if isinstance(v, (np.ndarray, np.generic)) else v
+
+
 def case_io(case) -> tuple[dict, dict]:
     ins, outs = case.data_sets[0]
     in_names = _graph_inputs(case.model)
     out_names = [o.name for o in case.model.graph.output]
-    return dict(zip(in_names, map(np.asarray, ins))), dict(zip(out_names, map(np.asarray, outs)))
+    return dict(zip(in_names, map(_value, ins))), dict(zip(out_names, map(_value, outs)))
+
+
+def _tensors_only(*dicts) -> bool:
+    return all(isinstance(v, np.ndarray) for d in dicts for v in d.values())
 
 
 def judge(got: dict, expected: dict, rtol: float, atol: float) -> tuple[bool, bool, str]:
@@ -184,6 +196,14 @@ def fast_case(case, backends: list[str], workdir: Path) -> dict:
     except Exception as exc:
         return res | {b: {"outcome": "crash", "detail": f"prepare: {type(exc).__name__}: {exc}"[:300]}
                       for b in backends}
+    if not _tensors_only(inputs, expected):  # edgepack builds take and give tensors only
+        return res | {b: {"outcome": "refused", "detail": "not run: the case's data are sequences or optionals, "
+                                                          "not tensors"} for b in backends}
+    declared = {sp.name: tuple(int(d) for d in sp.shape) for sp in prep.model.inputs}
+    odd = [k for k, v in inputs.items() if k in declared and v.shape != declared[k]]
+    if odd:  # as an artifact does (exit 3): the data must have the declared shape
+        return res | {b: {"outcome": "refused", "detail": f"input {odd[0]}: shape {list(inputs[odd[0]].shape)}, "
+                                                          f"the model declares {list(declared[odd[0]])}"} for b in backends}
     ref_ok = None
     for b in backends:
         try:
@@ -211,14 +231,18 @@ def artifact_case(case, workdir: Path, timeout: float) -> dict:
     inputs, expected = case_io(case)
     cmd = [sys.executable, "-m", "edgepack", "build", str(path), "--target", "x86_64", "--fp32", "--json",
            "--jobs", "1", "--out", str(workdir / "dist")]
+    if not _tensors_only(inputs, expected):
+        return {"outcome": "refused", "detail": "not run: the case's data are sequences or optionals, not tensors"}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=workdir)
-    if "Traceback" in p.stderr or p.returncode == 70 or p.returncode < 0:
+    # an internal error exits 70 (its traceback only with --debug); TVM's C++ warnings are not crashes
+    if p.returncode == 70 or p.returncode < 0 or "Traceback (most recent call last)" in p.stderr:
         return {"outcome": "crash", "detail": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
     try:
         r = json.loads(p.stdout)["results"][0]
     except (ValueError, KeyError, IndexError):
-        err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
-        return {"outcome": "refused" if err else "crash", "detail": (err or [p.stderr[-300:]])[0][:300],
+        err = [ln for ln in p.stderr.splitlines() if ln.startswith(("error:", "✗"))]
+        clean = bool(err) or 2 <= p.returncode <= 11  # edgepack's own exit codes (README)
+        return {"outcome": "refused" if clean else "crash", "detail": (err or [p.stderr[-300:]])[0][:300],
                 "exit": p.returncode}
     if not r["ok"]:
         return {"outcome": "crash" if r.get("exit_code") == 70 else "refused", "detail": (r.get("error") or "")[:300],
