@@ -249,8 +249,12 @@ def summary(rows: list[Row]) -> str:
     ratios = [r.ratio for r in rows if r.ratio]
     geo = statistics.geometric_mean(ratios) if ratios else None
     worst = max((r.max_abs_err / r.bound for r in rows if r.ok and r.max_abs_err is not None and r.bound), default=None)
-    return (f"{len(ok_all)}/{len(models)} models built and verified on every target; "
-            f"{len(ncnn_all)}/{len(models)} fully on NCNN; x86_64 geomean edgepack/onnxruntime "
+    both = [m for m in models if {r.target for r in rows if r.model == m and r.ok} >= {"x86_64", "arm64"}]
+    split = [m for m in ok_all if m not in ncnn_all and any("+" in (r.backend or "") for r in rows if r.model == m)]
+    tvm_only = [m for m in ok_all if all(r.backend == "tvm" for r in rows if r.model == m)]
+    return (f"{len(ok_all)}/{len(models)} models built and verified on every target tried, "
+            f"{len(both)}/{len(models)} on both x86_64 and arm64; "
+            f"{len(ncnn_all)} fully on NCNN, {len(split)} partitioned, {len(tvm_only)} on TVM; x86_64 geomean edgepack/onnxruntime "
             f"{_fmt(geo, '.2f')}x over {len(ratios)} models; worst error/bound {_fmt(worst, '.2f')}")
 
 
