@@ -9,6 +9,7 @@ Per model (x86_64, built here from the corpus cache with letterbox=114 and detec
   detect_ms     decode + NMS time the artifact states in its answers ("detect_ms"), at the built conf,
                 and on a second build with conf=0.001, max_det=100 (100 boxes kept from every anchor)
   serve         bench/bench_serve.py --detect: requests/s POSTing a 640x480 JPEG, 1 client, 1 thread
+  micro         bench_detect_micro.c: decode + NMS alone on a YOLOv8n-sized [1, 84, 8400] output, 100 boxes kept
   onnxruntime   the same JPEG through Pillow decode + the numpy letterbox + onnxruntime (1 thread) +
                 the numpy decoding/NMS, images/s in this process
 Prints one JSON object. Timing on a shared machine is noisy: run it on a quiet one for the record.
@@ -111,6 +112,20 @@ def matched(model: Path, artifact: Path) -> dict:
     return total
 
 
+def micro(kept: int = 100, runs: int = 200) -> dict:
+    """bench_detect_micro.c: decode + NMS alone on a YOLOv8n-sized output with `kept` boxes, at -O2."""
+    import shutil
+    cc = shutil.which("gcc") or shutil.which("cc")
+    common = REPO / "runtimes" / "common"
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "micro"
+        subprocess.run([cc, "-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", f"-I{common}",
+                        str(REPO / "bench" / "bench_detect_micro.c"), str(common / "ep_detect.c"),
+                        str(common / "ep_util.c"), "-lm", "-o", str(exe)], check=True)
+        return json.loads(subprocess.run([str(exe), str(kept), str(runs)], capture_output=True, text=True,
+                                         check=True).stdout)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(SETTINGS))
@@ -123,8 +138,8 @@ def main(argv=None) -> int:
     (out / "scene-640x480.jpg").parent.mkdir(parents=True, exist_ok=True)
     (out / "scene-640x480.jpg").write_bytes(jpeg)
     from detect_fixtures import fixed_copy
-    report = {}
-    for name in a.models.split(","):
+    report = {"decode_nms_yolov8n_sized": micro()}
+    for name in filter(None, a.models.split(",")):
         shape, toml = SETTINGS[name]
         entry = next(e for e in corpus.load_table() if e.name == name)
         model = fixed_copy(corpus.fetch(entry), out / name / f"{name}.onnx", shape)

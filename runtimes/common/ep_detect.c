@@ -24,7 +24,12 @@ int ep_detect_check(const ep_det_cfg *c, ep_status *st) {
     return EP_OK;
 }
 
-size_t ep_detect_work_size(const ep_det_cfg *c) { return c->anchors > 0 ? (size_t)c->anchors : 0; }
+/* One box per anchor for the candidates, and behind them room for two plain arrays (best score and
+ * class per anchor) that the class scan reads and writes in order. */
+size_t ep_detect_work_size(const ep_det_cfg *c) {
+    size_t n = c->anchors > 0 ? (size_t)c->anchors : 0;
+    return n + (n * (sizeof(float) + sizeof(int)) + sizeof(ep_det_box) - 1) / sizeof(ep_det_box);
+}
 
 static int by_score(const void *pa, const void *pb) {
     const ep_det_box *a = pa, *b = pb;
@@ -66,28 +71,40 @@ int ep_detect(const ep_det_cfg *c, const float *out, size_t n_values, ep_det_box
     size_t n = (size_t)c->anchors, first = c->format == EP_DET_YOLOV8 ? 4 : 5, feat = first + (size_t)c->classes;
     if (n_values != n * feat)
         return ep_fail(st, EP_ERR_MODEL, "detector output has %zu values, expected %zux%zu", n_values, n, feat);
-    if (work_cap < n) return ep_fail(st, EP_ERR_NOMEM, "detection work buffer too small");
+    if (work_cap < ep_detect_work_size(c)) return ep_fail(st, EP_ERR_NOMEM, "detection work buffer too small");
     /* element (anchor i, value j) of either layout */
     size_t si = c->channels_first ? 1 : feat, sj = c->channels_first ? n : 1;
-    /* best class per anchor; class-major when the classes are rows, so memory is read in order */
+    /* best class per anchor, in two arrays behind the n candidate boxes; class-major when the classes
+     * are rows, so memory is read in order (and the compiler vectorises the compare-select) */
+    float *best = (float *)(void *)(work + n);
+    int *best_cls = (int *)(void *)(best + n);
     for (size_t i = 0; i < n; i++) {
-        work[i].score = -INFINITY;
-        work[i].cls = 0;
+        best[i] = -INFINITY;
+        best_cls[i] = 0;
     }
     for (size_t k = 0; k < (size_t)c->classes; k++) {
         const float *col = out + (first + k) * sj;
+        if (si == 1 && first == 4) {
+            for (size_t i = 0; i < n; i++) {
+                float v = col[i];
+                int better = v > best[i];
+                best[i] = better ? v : best[i];
+                best_cls[i] = better ? (int)k : best_cls[i];
+            }
+            continue;
+        }
         for (size_t i = 0; i < n; i++) {
             float v = col[i * si];
             if (first == 5) v *= out[i * si + 4 * sj]; /* objectness x class */
-            if (v > work[i].score) {
-                work[i].score = v;
-                work[i].cls = (int)k;
+            if (v > best[i]) {
+                best[i] = v;
+                best_cls[i] = (int)k;
             }
         }
     }
     size_t m = 0; /* candidates, compacted to the front */
     for (size_t i = 0; i < n; i++) {
-        if (!(work[i].score > c->conf)) continue;
+        if (!(best[i] > c->conf)) continue;
         const float *a = out + i * si;
         float cx = a[0], cy = a[sj], w = a[2 * sj], h = a[3 * sj];
         if (c->grid) {
@@ -98,9 +115,8 @@ int ep_detect(const ep_det_cfg *c, const float *out, size_t n_values, ep_det_box
             w = expf(w) * s;
             h = expf(h) * s;
         }
-        ep_det_box b = {cx - w * 0.5f, cy - h * 0.5f, cx + w * 0.5f, cy + h * 0.5f, work[i].score, work[i].cls,
-                        (int)i};
-        work[m++] = b; /* m <= i: never overwrites an anchor still to be read */
+        ep_det_box b = {cx - w * 0.5f, cy - h * 0.5f, cx + w * 0.5f, cy + h * 0.5f, best[i], best_cls[i], (int)i};
+        work[m++] = b; /* boxes end before best[]: nothing still to be read is overwritten */
     }
     qsort(work, m, sizeof *work, by_score);
     int cap = det_cap < c->max_det ? det_cap : c->max_det, kept = 0;

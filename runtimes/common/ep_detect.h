@@ -37,7 +37,7 @@ typedef struct {
 
 /* Settings a caller cannot use (counts, thresholds, strides vs anchors): EP_ERR_MODEL with why. */
 int ep_detect_check(const ep_det_cfg *c, ep_status *st);
-/* How many boxes the work buffer must hold (one per anchor). */
+/* How many ep_det_box the work buffer must hold (one per anchor, and room for per-anchor scratch). */
 size_t ep_detect_work_size(const ep_det_cfg *c);
 /* Raw output (n_values floats) -> at most min(det_cap, max_det) boxes in dets, best score first. */
 int ep_detect(const ep_det_cfg *c, const float *out, size_t n_values, ep_det_box *work, size_t work_cap,
