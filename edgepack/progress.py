@@ -52,8 +52,10 @@ class StepProgress:
     """``update(done, total)`` as a step finishes; use as a context manager (thread-safe: steps of
     targets built side by side share one display)."""
 
-    def __init__(self, what: str, log: Callable[[str], None] | None = None, *, terminal: bool | None = None):
+    def __init__(self, what: str, log: Callable[[str], None] | None = None, *, terminal: bool | None = None,
+                 unit: str = "steps"):
         self.what = what
+        self.unit = unit
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
         self._bar = None
@@ -73,7 +75,7 @@ class StepProgress:
         tenth = (10 * done) // max(total, 1)
         if tenth > self._tenth:
             self._tenth = tenth
-            self.log(f"{self.what}: {done}/{total} steps ({10 * tenth}%)")
+            self.log(f"{self.what}: {done}/{total} {self.unit} ({10 * tenth}%)")
 
     def advance(self, total: int) -> None:
         """One more step of ``total`` finished."""

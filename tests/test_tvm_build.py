@@ -181,9 +181,12 @@ def test_tuning_accumulates_and_is_applied(tiny_cnn, tmp_path):
     shape = "image=2x3x64x64"
     db = tmp_path / "db"
 
+    stderr = []
+
     def tune(*args, out=db):
         proc = run_edgepack("tune", str(tiny_cnn), "--input-shape", shape, "--out-db", str(out), "--json", *args)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        stderr.append(proc.stderr)
         return json.loads(proc.stdout)
 
     first = tune("--target", "x86_64", "--trials", "2")
@@ -198,6 +201,8 @@ def test_tuning_accumulates_and_is_applied(tiny_cnn, tmp_path):
     assert second["tasks_reused"] >= first["tasks_tuned"] and second["records"] >= first["records"]
     assert second["tasks_tuned"] == second["tasks"], second
     assert second["trials"] <= TRIALS_PER_BATCH * (second["tasks"] - second["tasks_reused"]), second
+    # progress off a terminal: a line per tenth of the budget, fed by the measured batches
+    assert "s of the budget (" in stderr[-1] or second["tasks"] == second["tasks_reused"], stderr[-1][-2000:]
     meta = json.loads((db / "meta.json").read_text())
     assert [m["tuned_before"] for m in meta["models"]] == [0, second["tasks_reused"]]
     # --no-verify and a native check instead: qemu 7.2's TCG does not suppress faults on the

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ...cache import cache_root, key_of, locked, sha256_bytes
 from ...errors import BuildError, UsageError
+from ...progress import StepProgress
 from ...model import LoadedModel
 from ...runner import host_arch
 from ...targets import Target
@@ -193,7 +194,8 @@ def _has_record(database, task) -> bool:
     return bool(database.has_workload(mod) and database.get_top_k(database.commit_workload(mod), 1))
 
 
-def _deadline_callback(deadline: float, counter: list, log):
+def _deadline_callback(deadline: float, counter: list, log, progress=None, t_start: float = 0.0,
+                       budget_s: float | None = None, cap: int = 0):
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
     from tvm.ir.utils import derived_object
 
@@ -201,6 +203,11 @@ def _deadline_callback(deadline: float, counter: list, log):
     class StopAtDeadline(PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
             counter[0] += len(measure_candidates)
+            if progress is not None:  # by the budget's seconds, or by candidates under a trial cap
+                if budget_s:
+                    progress.update(min(int(time.monotonic() - t_start), int(budget_s)), int(budget_s))
+                elif cap:
+                    progress.update(min(counter[0], cap), cap)
             if time.monotonic() < deadline:
                 return
             if counter[1] == 0:
@@ -257,10 +264,11 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
                                                                                       min_repeat_ms=0))
             callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
             deadline = t_start + budget_s if budget_s else float("inf")
-            callbacks.append(_deadline_callback(deadline, counter, log))
             cap = trials if trials is not None else MAX_TRIALS_PER_TASK * len(todo)
+            progress = StepProgress(f"tuning {len(todo)} tasks", log, unit="s of the budget" if budget_s else "candidates")
+            callbacks.append(_deadline_callback(deadline, counter, log, progress, t_start, budget_s, cap))
             try:
-                with tvm.transform.PassContext(opt_level=3):
+                with tvm.transform.PassContext(opt_level=3), progress:
                     ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(work),
                                        max_trials_global=cap, max_trials_per_task=min(cap, MAX_TRIALS_PER_TASK),
                                        num_trials_per_iter=min(TRIALS_PER_BATCH, cap), builder=builder,
