@@ -192,7 +192,8 @@ static const ep_engine_ops fake_b = {"b", f_open, f_run, f_close, f_describe};
 static const ep_io_spec x[] = {IO("x")}, p[] = {IO("p")}, q[] = {IO("q")}, pq[] = {IO("p"), IO("q")}, y[] = {IO("y")};
 static const ep_io_spec outs[] = {IO("y"), IO("p"), IO("y2")};
 static const ep_blob nog[] = {{0, 0}, {0, 0}};
-#define SPEC(i, ni, o, no) {"m", "t", "fake", ni, i, no, o, 0, 0, 0, 0, {0, 0}, nog, nog, 0, 0}
+#define SPEC(i, ni, o, no) {.model_name = "m", .target = "t", .backend = "fake", .n_inputs = ni, .inputs = i, \
+                            .n_outputs = no, .outputs = o, .golden_inputs = nog, .golden_outputs = nog}
 static const ep_model_spec s0 = SPEC(x, 1, p, 1), s1 = SPEC(p, 1, q, 1), s2 = SPEC(pq, 2, y, 1);
 const ep_model_spec ep_spec = SPEC(x, 1, outs, 3);
 /* x(0) -a-> p(1) -b-> q(2); a(p, q) -> y(3); outputs y, p, y again */
