@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import random
 import re
@@ -260,34 +259,16 @@ def artifact_case(case, workdir: Path, timeout: float) -> dict:
     return {"outcome": "pass" if ok else "wrong", "strict": strict, "detail": detail, "backend": r.get("backend")}
 
 
-def _child(fn, args, conn) -> None:
-    try:
-        conn.send(fn(*args))
-    except BaseException as exc:  # the parent classifies; never lose the answer
-        conn.send({"__crash__": f"{type(exc).__name__}: {exc}"[:300]})
-    finally:
-        conn.close()
-
-
 def isolated(fn, args, timeout: float) -> dict:
     """fn(*args) in a forked child: a segfault in pnnx's wheel or TVM stays one case's crash."""
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(fn, args, send))
-    proc.start()
-    send.close()
-    try:
-        got = recv.recv() if recv.poll(timeout) else None
-    except EOFError:  # the child died before answering (a signal inside pnnx's or TVM's native code)
-        got = None
-    proc.join(5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-    if got is None:
-        why = f"timeout after {timeout:.0f} s" if proc.exitcode in (None, -9) else f"died (exit {proc.exitcode})"
-        return {"__crash__": why}
-    return got
+    from edgepack import proc
+    kind, got = proc.run_forked(fn, args, timeout)
+    if kind == "ok":
+        return got
+    if kind == "died":
+        return {"__crash__": got if got.startswith("timed out") else f"died ({got})"}
+    cls, message, _ = got  # the parent classifies; never lose the answer
+    return {"__crash__": message if cls is None else f"{cls.__name__}: {message}"[:300]}
 
 
 def _preload(backends: list[str]) -> None:

@@ -65,3 +65,40 @@ def run_streaming(cmd: Sequence[str | os.PathLike], *, what: str, on_line, env: 
     if rc != 0:
         raise error(f"{what} failed with exit code {rc} (full log: {log}):\n" + "\n".join(tail))
 
+
+
+def run_forked(fn, args: tuple = (), timeout: float = 600.0) -> tuple[str, object]:
+    """``fn(*args)`` in a forked child, so that a crash in native code (a segfault inside a wheel)
+    ends the child, not this process. Returns ``("ok", value)``; ``("raised", (cls, message, hint))``
+    where ``cls`` is the EdgepackError subclass raised, or None for any other exception (``message``
+    then starts with its type name); or ``("died", why)`` when the child died or ran past ``timeout``."""
+    import multiprocessing
+    from .errors import EdgepackError
+
+    def child(conn):
+        try:
+            conn.send(("ok", fn(*args)))
+        except EdgepackError as exc:
+            conn.send(("raised", (type(exc), exc.message, exc.hint)))
+        except BaseException as exc:  # noqa: BLE001  the parent decides what it means
+            conn.send(("raised", (None, f"{type(exc).__name__}: {exc}"[:300], None)))
+        finally:
+            conn.close()
+
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=child, args=(send,), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        got = recv.recv() if recv.poll(timeout) else None
+    except EOFError:  # the child died before answering (a signal inside native code)
+        got = None
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    if got is None:
+        return "died", (f"timed out after {timeout:.0f} s" if proc.exitcode in (None, -9)
+                        else f"exit {proc.exitcode}")
+    return got

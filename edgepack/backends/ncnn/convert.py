@@ -14,7 +14,7 @@ import numpy as np
 
 from ... import proc
 from ...cache import cache_root, key_of, locked, sha256_bytes
-from ...errors import BuildError, EdgepackError, ToolMissingError, UnsupportedOpError, VerificationError
+from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .rewrite import VERSION as REWRITE_VERSION
@@ -218,39 +218,17 @@ def _isolated_python_ncnn(model, args: tuple, timeout: float = 600) -> dict[str,
     """_run_python_ncnn in a forked child: ncnn segfaults on some of pnnx's output (a Slice into
     three outputs written without its slice sizes, from ONNX Split), and that must become this
     build's clean error, not the end of edgepack."""
-    import multiprocessing
     import ncnn  # noqa: F401  imported before the fork, so the child imports nothing
-
-    def child(conn):
-        try:
-            conn.send(("ok", _run_python_ncnn(model, *args)))
-        except EdgepackError as exc:
-            conn.send(("error", (type(exc), exc.message, exc.hint)))
-        except BaseException as exc:  # noqa: BLE001  reported by the parent as a build error
-            conn.send(("error", (BuildError, f"the ncnn Python wheel failed: {type(exc).__name__}: {exc}"[:300], None)))
-        finally:
-            conn.close()
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=child, args=(send,), daemon=True)
-    proc.start()
-    send.close()
-    try:
-        got = recv.recv() if recv.poll(timeout) else None
-    except EOFError:
-        got = None
-    proc.join(5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-    if got is None:
-        why = f"timed out after {timeout:.0f} s" if proc.exitcode in (None, -9) else f"exit {proc.exitcode}"
-        raise BuildError(f"{model.path.name}: ncnn crashed running pnnx's conversion ({why})",
+    kind, got = proc.run_forked(_run_python_ncnn, (model, *args), timeout)
+    if kind == "died":
+        raise BuildError(f"{model.path.name}: ncnn crashed running pnnx's conversion ({got})",
                          hint="pnnx wrote a model ncnn cannot run; try --backend tvm")
-    if got[0] == "error":
-        cls, message, hint = got[1]
+    if kind == "raised":
+        cls, message, hint = got
+        if cls is None:  # reported as a build error
+            raise BuildError(f"the ncnn Python wheel failed: {message}")
         raise cls(message, hint=hint)
-    return got[1]
+    return got
 
 
 def _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision) -> float:
