@@ -1,11 +1,13 @@
 """Running the artifact's own `selftest` and `bench` on the device, and reading what they print."""
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from dataclasses import dataclass
 
+# the exported playbook's filter plugin reads the same output and imports nothing from edgepack:
+# it holds the one parser of the artifact's JSON line
+from .ansible_filters import _json_object
 from .connector import Connector
 
 _TEXT_RE = re.compile(r"^(PASS|FAIL)\b.*", re.M)
@@ -28,18 +30,6 @@ class Bench:
     peak_rss_kb: float | None
     output: str
     emulated: bool = False  # the artifact found itself under qemu-user: the emulator's speed, not the device's
-
-
-def _json_object(text: str) -> dict | None:
-    text = text.strip()
-    for candidate in [text] + [ln for ln in reversed(text.splitlines()) if ln.strip().startswith("{")]:
-        try:
-            obj = json.loads(candidate)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            return obj
-    return None
 
 
 def _float(v) -> float | None:
