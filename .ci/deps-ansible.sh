@@ -9,11 +9,7 @@
 #   openssh-client  Ansible's ssh connection (ssh, sftp/scp), with ControlMaster
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-if ! dpkg -s openssh-client >/dev/null 2>&1; then
-    $SUDO apt-get install -y --no-install-recommends openssh-client
-fi
+# shellcheck source=.ci/lib.sh
+source .ci/lib.sh  # after the cd above: paths are from the repository root
+apt_install openssh-client
 "$PYTHON" -m pip install "ansible-core==2.18.19" "ansible-runner==2.4.3"

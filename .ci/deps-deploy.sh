@@ -9,17 +9,9 @@
 #   util-linux       unshare (user + mount namespaces)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-need=()
-for pkg in openssh-server openssh-client debootstrap qemu-user util-linux coreutils; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if [ "${#need[@]}" -gt 0 ]; then
-    $SUDO apt-get install -y --no-install-recommends "${need[@]}"
-fi
+# shellcheck source=.ci/lib.sh
+source .ci/lib.sh  # after the cd above: paths are from the repository root
+apt_install openssh-server openssh-client debootstrap qemu-user util-linux coreutils
 # The bullseye arm64 rootfs (~30-60 s, 200 MB) and a static qemu-aarch64, cached in
 # ${EDGEPACK_LAB_CACHE:-/var/cache/edgepack-lab}; the mirror comes from this machine's apt sources.
 $SUDO env EDGEPACK_LAB_CACHE="${EDGEPACK_LAB_CACHE:-/var/cache/edgepack-lab}" "$(command -v "$PYTHON")" tests/lab/rootfs.py

@@ -8,15 +8,7 @@
 #   oras (PyPI)      the OCI client library edgepack pushes and pulls with
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-need=()
-for pkg in docker-registry skopeo apache2-utils; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if [ "${#need[@]}" -gt 0 ]; then
-    $SUDO apt-get install -y --no-install-recommends "${need[@]}"
-fi
+# shellcheck source=.ci/lib.sh
+source .ci/lib.sh  # after the cd above: paths are from the repository root
+apt_install docker-registry skopeo apache2-utils
 "$PYTHON" -m pip install "oras==0.2.43"

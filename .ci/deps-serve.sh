@@ -11,15 +11,7 @@
 #   pillow           the tests' independent image decoder for the onnxruntime + numpy reference
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-need=()
-for pkg in libstb-dev chromium chromium-driver wrk gcc; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if [ "${#need[@]}" -gt 0 ]; then
-    $SUDO apt-get install -y --no-install-recommends "${need[@]}"
-fi
+# shellcheck source=.ci/lib.sh
+source .ci/lib.sh  # after the cd above: paths are from the repository root
+apt_install libstb-dev chromium chromium-driver wrk gcc
 "$PYTHON" -m pip install "selenium==4.50.0" "pillow==13.0.0"
