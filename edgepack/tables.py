@@ -35,6 +35,7 @@ def print_table(console: Console, title: str, columns: list[str], rows: list[lis
     for col in columns:
         table.add_column(col, overflow="fold")
     for row in rows:
+        # a terminal keeps a cell's line breaks (a failed selftest's output under its message)
         table.add_row(*(render(f"[{v.style}]{escape(v.text)}[/{v.style}]") if isinstance(v, Cell) and v.style
-                        else escape(_plain(v)) for v in row))
+                        else escape(v.text if isinstance(v, Cell) else str(v)) for v in row))
     console.print(table)

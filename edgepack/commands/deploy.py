@@ -10,6 +10,7 @@ import click
 from .ansible_opts import deploy_via_ansible, rollout_options, via_option
 from .common import err_console, out_console
 from ..errors import DeployError
+from ..tables import print_table
 
 _INVENTORY_HELP = """Devices: --device NAME (from --inventory or ~/.ssh/config), user@host[:port], or `local`;
 --tag TAG selects every inventory device with that tag. Host keys are checked against known_hosts."""
@@ -63,12 +64,12 @@ def _setup(ctx, kw) -> tuple[list, object]:
 
 
 def _report(command: str, results, kind: str, as_json: bool, title: str, extra: dict | None = None) -> None:
-    from ..deploy.results import table
+    from ..deploy.results import table_rows
     if as_json:
         click.echo(json.dumps({"command": command, **(extra or {}), "ok": all(r.ok for r in results),
                                "results": [r.to_json() for r in results]}, indent=1))
     else:
-        out_console.print(table(results, title, kind))
+        print_table(out_console, title, *table_rows(results, kind))
         for r in results:
             if not r.ok and r.hint:
                 err_console.print(f"[yellow]hint[/yellow] {r.device}: {r.hint}", soft_wrap=True)
@@ -165,8 +166,6 @@ def devices_check(ctx, **kw):
 @click.option("--json", "as_json", is_flag=True, help="Print the devices as JSON on stdout.")
 def devices_list(inventory, as_json):
     """Print the devices of an inventory (no connection is made)."""
-    from rich.table import Table
-
     from ..deploy.inventory import load_inventory
     inv = load_inventory(inventory)
     rows = [{"name": d.name, "address": d.address, "target": d.target, "dest": d.dest, "tags": list(d.tags)}
@@ -174,12 +173,8 @@ def devices_list(inventory, as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    t = Table(title=f"devices in {inventory}")
-    for c in ("name", "address", "target", "dest", "tags"):
-        t.add_column(c)
-    for r in rows:
-        t.add_row(r["name"], r["address"], r["target"] or "-", r["dest"] or "-", ",".join(r["tags"]))
-    out_console.print(t)
+    print_table(out_console, f"devices in {inventory}", ["name", "address", "target", "dest", "tags"],
+                [[r["name"], r["address"], r["target"] or "-", r["dest"] or "-", ",".join(r["tags"])] for r in rows])
 
 
 @click.command(epilog=_INVENTORY_HELP)

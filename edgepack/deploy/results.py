@@ -1,9 +1,9 @@
-"""Per-device results: one frozen record per device, shown as a rich table or JSON for CI."""
+"""Per-device results: one frozen record per device, shown as a table (tables.print_table) or JSON for CI."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from rich.table import Table
+from ..tables import Cell
 
 DEPLOYED, NO_CHANGE, ROLLED_BACK = "deployed", "no change", "rolled back"
 FAILED, UNREACHABLE, SKIPPED = "failed", "unreachable", "skipped"
@@ -54,17 +54,16 @@ def _fmt_bytes(n: int | None) -> str:
     return "-"
 
 
-def table(results: list[DeviceResult], title: str, kind: str = "deploy") -> Table:
-    t = Table(title=title)
+def table_rows(results: list[DeviceResult], kind: str = "deploy") -> tuple[list[str], list[list]]:
+    """Columns and rows of the per-device table (printed by tables.print_table: boxed on a terminal,
+    tab-separated when piped, so a CI log never truncates a device name or message)."""
     cols = ["device"] + {"deploy": ["target", "result", "time", "latency"],
                          "check": ["address", "arch", "glibc", "free", "current", "result"],
                          "smoke": ["result", "time", "latency", "bench p50"],
                          "rollback": ["result", "time", "latency"]}[kind] + ["detail"]
-    for c in cols:
-        t.add_column(c, overflow="fold", no_wrap=c in ("result", "time", "latency", "bench p50"))
+    rows = []
     for r in results:
-        style = _STYLE.get(r.status, "")
-        res = f"[{style}]{r.status.upper() if r.status == ROLLED_BACK else r.status}[/{style}]"
+        res = Cell(r.status.upper() if r.status == ROLLED_BACK else r.status, _STYLE.get(r.status, ""))
         lat = f"{r.latency_ms:.2f} ms" if r.latency_ms is not None else "-"
         detail = r.message + (f"\n{r.output}" if r.output and not r.ok else "")
         row = [r.device]
@@ -78,5 +77,5 @@ def table(results: list[DeviceResult], title: str, kind: str = "deploy") -> Tabl
             row += [r.target or "-", res, f"{r.seconds:.2f} s", lat]
         else:
             row += [res, f"{r.seconds:.2f} s", lat]
-        t.add_row(*row, detail)
-    return t
+        rows.append(row + [detail])
+    return cols, rows
