@@ -9,7 +9,7 @@ import click
 
 from .ansible_opts import deploy_via_ansible, rollout_options, via_option
 from .common import err_console, out_console
-from ..errors import DeployError
+from ..errors import DeployError, UsageError
 from ..tables import print_table
 
 _INVENTORY_HELP = """Devices: --device NAME (from --inventory or ~/.ssh/config), user@host[:port], or `local`;
@@ -109,6 +109,11 @@ def deploy(ctx, artifact, fail_fast, insecure, pull_on_device, **kw):
       edgepack deploy dist/model-x86_64 -d edge@192.0.2.10:2222 --json
     """
     if kw.pop("via") == "ansible":
+        if fail_fast:
+            # ansible-playbook has no "start no further host" switch; its batches stop on --max-fail instead
+            raise UsageError("--fail-fast applies to --via ssh only",
+                             hint="with --via ansible, --max-fail 0 (the default) stops the roll-out after the "
+                                  "batch where a device failed; --canary 1 makes that first batch one device")
         return deploy_via_ansible(ctx, artifact, kw)
     from ..oci.ref import looks_like_reference
     if not artifact.exists() and looks_like_reference(str(artifact)):

@@ -65,3 +65,11 @@ def test_debug_is_accepted_after_the_subcommand(tmp_path):
     assert _hoist_global_flags(["run", "a", "--", "--debug"]) == ["run", "a", "--", "--debug"]
     with pytest.raises(errors.ModelError):  # with --debug the error propagates (the traceback is shown)
         main(["build", str(tmp_path / "nope.onnx"), "--target", "x86_64", "--debug"])
+
+
+def test_fail_fast_with_ansible_is_refused_not_ignored(tmp_path, capsys):
+    artifact = tmp_path / "m-x86_64"
+    artifact.write_bytes(b"not read: the option pair is checked first")
+    code, err = _main(capsys, "deploy", str(artifact), "-d", "root@127.0.0.1", "--via", "ansible", "--fail-fast")
+    assert code == errors.UsageError.exit_code, err
+    assert "--fail-fast applies to --via ssh only" in _one_error(err) and "--max-fail" in err
