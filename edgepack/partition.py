@@ -77,12 +77,24 @@ class Plan:
         return " -> ".join(f"{s.backend}[{','.join(s.ops)}]" for s in self.segments)
 
 
+def _plan_rewrites(m: onnx.ModelProto) -> None:
+    """Exact ONNX rewrites that replace an op NCNN lacks by ones it has, before the plan assigns
+    backends (so that op does not force a cut): stack + ReduceMax -> Max (AttaCut)."""
+    from .backends.ncnn.rewrite import remove_dead_nodes, stack_max_to_max
+    try:
+        if stack_max_to_max(m):
+            remove_dead_nodes(m)
+    except Exception:  # noqa: BLE001  a graph the rewrite mis-reads is planned as it is
+        pass
+
+
 def _named(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy whose nodes all have unique names (the plan refers to nodes by name) and whose
     Constant nodes are initializers (so constants never cross a cut), with value_info for every
     tensor (the extractor needs shapes at the cuts)."""
     m = onnx.ModelProto()
     m.CopyFrom(proto)
+    _plan_rewrites(m)
     g = m.graph
     seen: set[str] = set()
     keep = []
@@ -213,6 +225,17 @@ def plan(model: LoadedModel, supported: dict[str, callable], preference: tuple[s
             light = b == "ncnn" and len(runs) > 1 and not any(n.op_type in HEAVY_OPS for n in run_nodes)
             if not (bad_io or light):
                 continue
+            if bad_io and not light:
+                # only the nodes at the non-float crossings move (an int64 token-id Gather in front of
+                # convolutions); moving the whole run would put the heavy ops on TVM
+                bad = {t for t in bounds[k][0] + bounds[k][1] if dtypes.get(t, onnx.TensorProto.FLOAT) not in ok}
+                edge = [n for n in run_nodes if bad & (set(n.input) | set(n.output))]
+                alt = next((o for o in backends if o != b and can(o, edge)), None)
+                if edge and len(edge) < len(run_nodes) and alt is not None:
+                    for n in edge:
+                        assign[n.name] = alt
+                    moved = True
+                    break
             target = next((o for o in others if o != b and can(o, run_nodes)), None)
             if target is None:
                 target = next((o for o in backends if o != b and can(o, run_nodes)), None)

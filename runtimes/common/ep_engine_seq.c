@@ -5,6 +5,9 @@
  * inputs are borrowed from the caller for the duration of one run. The table is checked at open
  * (counts, slot indices, that every slot a segment reads was written before it and matches the
  * segment's declared shape), so a damaged table is a clear error, not a bad read.
+ *
+ * EDGEPACK_SEGMENT_TIMES=1 in the environment: at close, one stderr line per segment with its
+ * runs and total milliseconds (where a partitioned artifact spends its time; read once at open).
  */
 #include "ep_engine_table.h"
 
@@ -20,6 +23,8 @@ struct ep_engine {
     ep_tensor *seg_in;   /* scratch views, sized for the largest segment */
     ep_tensor *seg_out;
     ep_tensor *saved;    /* spec->n_outputs: slot buffers set aside while outputs are written in place */
+    double *seg_ms;      /* per segment, summed over runs; NULL unless EDGEPACK_SEGMENT_TIMES is set */
+    long runs;
 };
 
 static char g_describe[256];
@@ -94,6 +99,11 @@ const char *ep_engine_describe(void) {
 void ep_engine_close(ep_engine *e) {
     if (!e) return;
     const ep_segment_table *t = e->table;
+    if (e->seg_ms && e->runs > 0)
+        for (int s = 0; s < t->n_segments; s++)
+            fprintf(stderr, "segment %d (%s): %ld runs, %.3f ms total, %.4f ms per run\n", s,
+                    t->segments[s].engine->name, e->runs, e->seg_ms[s], e->seg_ms[s] / (double)e->runs);
+    free(e->seg_ms);
     if (e->handles)
         for (int s = 0; s < t->n_segments; s++)
             if (e->handles[s]) t->segments[s].engine->close(e->handles[s]);
@@ -128,6 +138,8 @@ int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_s
     e->seg_in = calloc((size_t)widest, sizeof *e->seg_in);
     e->seg_out = calloc((size_t)widest, sizeof *e->seg_out);
     e->saved = calloc((size_t)spec->n_outputs, sizeof *e->saved);
+    const char *times = getenv("EDGEPACK_SEGMENT_TIMES");
+    if (times && times[0] && strcmp(times, "0") != 0) e->seg_ms = calloc((size_t)t->n_segments, sizeof *e->seg_ms);
     if (!e->handles || !e->slots || !e->seg_in || !e->seg_out || !e->saved) {
         ep_engine_close(e);
         return ep_fail(st, EP_ERR_NOMEM, "out of memory");
@@ -191,7 +203,9 @@ int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_
         const ep_segment *g = &t->segments[s];
         for (int i = 0; i < g->spec->n_inputs; i++) view(&e->seg_in[i], &e->slots[g->input_slots[i]]);
         for (int i = 0; i < g->spec->n_outputs; i++) view(&e->seg_out[i], &e->slots[g->output_slots[i]]);
+        double t0 = e->seg_ms ? ep_now_ms() : 0.0;
         rc = g->engine->run(e->handles[s], e->seg_in, e->seg_out, st);
+        if (e->seg_ms) e->seg_ms[s] += ep_now_ms() - t0;
         if (rc && t->n_segments > 1) {
             char msg[sizeof st->message];
             memcpy(msg, st->message, sizeof msg);
@@ -212,5 +226,6 @@ int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_
         if (k >= 0) e->slots[k] = e->saved[j];
     }
     for (int i = 0; i < spec->n_inputs; i++) memset(&e->slots[i], 0, sizeof e->slots[i]);
+    if (!rc) e->runs++;
     return rc;
 }

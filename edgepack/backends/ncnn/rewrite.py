@@ -449,6 +449,62 @@ def gather_unsqueeze_to_slice(model: onnx.ModelProto) -> int:
     return _apply(gr.g, plan, len(plan) // 2)
 
 
+def _axes_of(gr: "_Graph", node) -> list[int] | None:
+    """A node's axes, from its constant second input (opset 13+/18+) or its attribute (older)."""
+    if len(node.input) > 1 and node.input[1]:
+        return gr.const_ints(node.input[1])
+    return _attr(node, "axes")
+
+
+def stack_max_to_max(model: onnx.ModelProto) -> int:
+    """ReduceMax over the axis a Concat of Unsqueezes stacked on -> a chain of element-wise Max.
+
+    `torch.stack((a, b, c), d).max(d)` (AttaCut's three convolution branches) exports as
+    Unsqueeze x n -> Concat -> ReduceMax; pnnx leaves no ncnn layer for that ReduceMax, while a
+    binary Max becomes ncnn's BinaryOp. Exact: the maximum of the same values."""
+    gr, plan, fired = _Graph(model), {}, 0
+    index = {o: k for k, n in enumerate(gr.g.node) for o in n.output}
+    for pos, node in enumerate(list(gr.g.node)):
+        if node.op_type != "ReduceMax" or not node.input or node.input[0] not in index:
+            continue
+        cat = gr.g.node[index[node.input[0]]]
+        rank = len(gr.shapes.get(node.input[0], ()))
+        axes = _axes_of(gr, node)
+        keep = _attr(node, "keepdims", 1)
+        if cat.op_type != "Concat" or rank == 0 or axes is None or len(axes) != 1 or len(cat.input) < 2 \
+                or len(gr.consumers.get(cat.output[0], [])) != 1 or cat.output[0] in gr.outputs \
+                or (keep and _opset(model) < 13):  # there Unsqueeze takes axes as an attribute: left alone
+            continue
+        a = axes[0] + rank if axes[0] < 0 else axes[0]
+        cat_axis = _attr(cat, "axis", 0)
+        if (cat_axis + rank if cat_axis < 0 else cat_axis) != a:
+            continue
+        sources, ups = [], []
+        for x in cat.input:
+            u = gr.g.node[index[x]] if x in index else None
+            u_axes = _axes_of(gr, u) if u is not None and u.op_type == "Unsqueeze" else None
+            if u_axes is None or [v + rank if v < 0 else v for v in u_axes] != [a] \
+                    or len(gr.consumers.get(x, [])) != 1 or x in gr.outputs:
+                break
+            sources.append(u.input[0])
+            ups.append(index[x])
+        else:
+            out, chain, acc = node.output[0], [], sources[0]
+            for k, x in enumerate(sources[1:]):
+                name = out if k == len(sources) - 2 and not keep else gr.fresh(out + "_max")
+                chain.append(helper.make_node("Max", [acc, x], [name], name=gr.fresh(node.name or "max")))
+                acc = name
+            if keep:
+                chain.append(helper.make_node("Unsqueeze", [acc, gr.add_const("axes", np.array([a], np.int64))],
+                                              [out], name=gr.fresh(node.name or "unsqueeze")))
+            for k in ups:
+                plan[k] = []
+            plan[index[cat.output[0]]] = []
+            plan[pos] = chain
+            fired += 1
+    return _apply(gr.g, plan, fired)
+
+
 def _opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
@@ -473,7 +529,7 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
     return removed
 
 
-REWRITES = (fold_constant_shape_ops, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, lstm_outputs_as_pnnx_expects, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
+REWRITES = (fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, lstm_outputs_as_pnnx_expects, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
             slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape)
 
 

@@ -1,0 +1,138 @@
+"""A text encoder on int64 token ids (AttaCut-like: embedding Gather -> conv branches stacked and
+max-reduced -> linear head) keeps its heavy ops on NCNN: the stacked ReduceMax becomes element-wise
+Max (an exact rewrite), and only the Gather that reads the int64 ids crosses to TVM. Checked with
+onnxruntime (rewrite, plan) and as a real x86_64 artifact run on fresh token ids."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from edgepack.backends.ncnn import rewrite as rw
+from edgepack.model import load_model, simplify
+from edgepack.partition import plan
+
+VOCAB, SEQ, EMB, CH = 40, 16, 8, 6
+
+
+def token_encoder(path: Path, keepdims: int = 0, reduce_axis: int = 3) -> Path:
+    """ids[1,SEQ] int64 -> Gather -> Transpose -> Conv1d x2 -> Transpose -> stack(axis 3) ->
+    ReduceMax(axis 3) -> MatMul/Add/Relu -> MatMul -> Reshape [1,SEQ] (opset 18: axes as inputs)."""
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.standard_normal((VOCAB, EMB)).astype(np.float32), "emb"),
+             numpy_helper.from_array(np.array([3], np.int64), "ax3"),
+             numpy_helper.from_array(np.array([reduce_axis], np.int64), "rax"),
+             numpy_helper.from_array((rng.standard_normal((CH, 4)) * 0.3).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal(4) * 0.1).astype(np.float32), "b1"),
+             numpy_helper.from_array((rng.standard_normal((4, 1)) * 0.3).astype(np.float32), "w2"),
+             numpy_helper.from_array(np.array([1, SEQ], np.int64), "oshape")]
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"], name="embed"),
+             helper.make_node("Transpose", ["e"], ["et"], name="t0", perm=[0, 2, 1])]
+    for k, ks in enumerate((3, 5)):
+        inits += [numpy_helper.from_array((rng.standard_normal((CH, EMB, ks)) * 0.3).astype(np.float32), f"cw{k}"),
+                  numpy_helper.from_array((rng.standard_normal(CH) * 0.1).astype(np.float32), f"cb{k}")]
+        nodes += [helper.make_node("Conv", ["et", f"cw{k}", f"cb{k}"], [f"c{k}"], name=f"conv{k}", pads=[ks // 2] * 2),
+                  helper.make_node("Transpose", [f"c{k}"], [f"p{k}"], name=f"t{k + 1}", perm=[0, 2, 1]),
+                  helper.make_node("Unsqueeze", [f"p{k}", "ax3"], [f"u{k}"], name=f"unsq{k}")]
+    nodes += [helper.make_node("Concat", ["u0", "u1"], ["st"], name="stack", axis=3),
+              helper.make_node("ReduceMax", ["st", "rax"], ["mx"], name="max", keepdims=keepdims)]
+    head = "mx"
+    if keepdims:  # [1,SEQ,CH,1] -> [1,SEQ,CH] for the head
+        inits.append(numpy_helper.from_array(np.array([1, SEQ, CH], np.int64), "hshape"))
+        nodes.append(helper.make_node("Reshape", ["mx", "hshape"], ["mxr"], name="unkeep"))
+        head = "mxr"
+    nodes += [helper.make_node("MatMul", [head, "w1"], ["h1"], name="fc1"),
+              helper.make_node("Add", ["h1", "b1"], ["h1b"], name="fc1b"),
+              helper.make_node("Relu", ["h1b"], ["h1r"], name="relu"),
+              helper.make_node("MatMul", ["h1r", "w2"], ["h2"], name="fc2"),
+              helper.make_node("Reshape", ["h2", "oshape"], ["y"], name="out")]
+    g = helper.make_graph(nodes, "token_encoder", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, SEQ])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SEQ])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, str(path))
+    return path
+
+
+def _ids(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, VOCAB, (1, SEQ)).astype(np.int64)
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> dict:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, {i.name: feeds[i.name] for i in sess.get_inputs()})))
+
+
+def test_stack_max_to_max_is_exact(tmp_path):
+    for keep in (0, 1):
+        m = onnx.load(str(token_encoder(tmp_path / f"k{keep}.onnx", keepdims=keep)))
+        new = onnx.ModelProto()
+        new.CopyFrom(m)
+        assert rw.stack_max_to_max(new) == 1
+        rw.remove_dead_nodes(new)
+        onnx.checker.check_model(new, full_check=True)
+        ops = [n.op_type for n in new.graph.node]
+        assert "ReduceMax" not in ops and "Concat" not in ops and ops.count("Max") == 1, ops
+        feeds = {"ids": _ids(keep)}
+        np.testing.assert_array_equal(_ort(new, feeds)["y"], _ort(m, feeds)["y"])  # max of the same values
+
+
+def test_stack_max_to_max_leaves_a_reduction_over_another_axis(tmp_path):
+    m = onnx.load(str(token_encoder(tmp_path / "a2.onnx", keepdims=1, reduce_axis=2)))
+    assert rw.stack_max_to_max(m) == 0 and "ReduceMax" in [n.op_type for n in m.graph.node]
+
+
+def test_plan_moves_only_the_token_gather_to_tvm(tmp_path):
+    model = simplify(load_model(token_encoder(tmp_path / "t.onnx")))
+    # NCNN as edgepack's op table has it: no ReduceMax (the plan's rewrite removes it), Gather yes
+    p = plan(model, {"ncnn": lambda op: op != "ReduceMax", "tvm": lambda op: True})
+    assert p.backends == ("tvm", "ncnn"), p.describe()
+    assert p.segments[0].ops == ("Gather",) and "Conv" in p.segments[1].ops and "Max" in p.segments[1].ops
+    assert p.segments[0].inputs == ("ids",)
+    feeds = {"ids": _ids(5)}
+    values = dict(feeds)
+    for seg in p.segments:
+        values.update(_ort(seg.model, values))
+    np.testing.assert_array_equal(values["y"], _ort(model.proto, feeds)["y"])
+
+
+# ---- a real x86_64 artifact (pnnx, TVM, zig) -----------------------------------------------------
+
+from conftest import run_edgepack  # noqa: E402
+from edgepack.runner import run_artifact  # noqa: E402
+
+
+def test_token_encoder_artifact_keeps_convolutions_on_ncnn(tmp_path):
+    model = token_encoder(tmp_path / "tokens.onnx")
+    dist = tmp_path / "dist"
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--out", str(dist), "--json",
+                        "--select", "first")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout)["results"][0]
+    assert res["ok"] and res["backend"] == "ncnn+tvm", res
+    art = dist / "tokens-x86_64"
+    segs = json.loads(art.with_name(art.name + ".json").read_text())["backend"]["segments"]
+    assert [s["backend"] for s in segs] == ["tvm", "ncnn"] and segs[0]["ops"] == ["Gather"], segs
+    assert "Conv" in segs[1]["ops"]
+    ids = _ids(77)  # fresh ids, not the build's verification inputs
+    np.save(tmp_path / "ids.npy", ids)
+    run = run_artifact(art, ["run", "--threads", "1", "--input", f"ids={tmp_path / 'ids.npy'}",
+                             "--output", str(tmp_path / "out")])
+    assert run.returncode == 0, run.stderr
+    got = np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
+    want = _ort(onnx.load(str(model)), {"ids": ids})["y"]
+    tol = json.loads(art.with_name(art.name + ".json").read_text())["tolerance"]
+    assert float(np.max(np.abs(got - want))) <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(want)))
+    # the per-segment profile of a partitioned artifact (EDGEPACK_SEGMENT_TIMES, ep_engine_seq.c)
+    bench = subprocess.run([str(art), "bench", "--runs", "5", "--warmup", "1", "--threads", "1"], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "EDGEPACK_SEGMENT_TIMES": "1"})
+    assert bench.returncode == 0, bench.stderr
+    assert "segment 0 (tvm): 6 runs" in bench.stderr and "segment 1 (ncnn): 6 runs" in bench.stderr, bench.stderr
