@@ -29,6 +29,7 @@ from .cache import sha256_bytes, sha256_file
 from .errors import ArtifactError, EdgepackError, InputError, ToolMissingError, UnsupportedOpError, VerificationError
 from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_shapes, simplify
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
+from .quantized import lower_quantized
 from .reference import (POLICY, Comparison, Tolerance, check_input_sizes, compare, output_scale, random_inputs,
                         realistic_inputs, run_onnxruntime)
 from .progress import StepProgress
@@ -194,6 +195,7 @@ def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
     model = load_model(path)
     model = fix_input_shapes(model, opts.input_shapes)
     check_input_sizes(model.inputs, model.path.name)
+    model = lower_quantized(model)   # onnxruntime's dynamic-int8 ops -> float ops no backend refuses
     if opts.simplify:
         model = simplify(model)
     if opts.preprocess or opts.postprocess or prepost_config_exists(path):

@@ -1,0 +1,322 @@
+"""Lower onnxruntime's dynamic-int8 ops to float ONNX ops that compute the same numbers.
+
+``onnxruntime.quantization.quantize_dynamic`` (and its older ``onnx.quantize`` ancestor) rewrites a
+float model into DynamicQuantizeLinear + ConvInteger / MatMulInteger (+ com.microsoft
+DynamicQuantizeLSTM). Neither NCNN nor TVM takes these ops, but every one of them has an exact float
+equivalent: the quantised activations are small integers, held here as "integer-valued" float32
+tensors, and the integer convolutions become float convolutions on (x - x_zp) and (w - w_zp).
+
+Handled: DynamicQuantizeLinear, ConvInteger, MatMulInteger, com.microsoft.DynamicQuantizeLSTM.
+Everything else quantised (QLinear*, QuantizeLinear/DequantizeLinear, the com.microsoft Q* ops) is
+refused with one clear error.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .errors import UnsupportedOpError
+from .model import LoadedModel, _with
+
+LOWERED = ("DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "com.microsoft.DynamicQuantizeLSTM")
+# quantised ops this module does not lower: refused before any backend tries them
+REFUSED = ("QLinearConv", "QLinearMatMul", "QuantizeLinear", "DequantizeLinear", "MatMulInteger16",
+           "com.microsoft.QLinearAdd", "com.microsoft.QLinearMul", "com.microsoft.QLinearConv",
+           "com.microsoft.QLinearSigmoid", "com.microsoft.QLinearLeakyRelu", "com.microsoft.QLinearConcat",
+           "com.microsoft.QLinearAveragePool", "com.microsoft.QLinearGlobalAveragePool",
+           "com.microsoft.QuantizeLinear", "com.microsoft.DequantizeLinear", "com.microsoft.QAttention",
+           "com.microsoft.QGemm", "com.microsoft.DynamicQuantizeMatMul", "com.microsoft.MatMulIntegerToFloat",
+           "com.microsoft.QOrderedMatMul", "com.microsoft.MatMulNBits")
+
+# ops that only move or select elements: an integer-valued float stays one, same original dtype
+_MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Concat", "Slice",
+          "Gather", "Expand", "Tile", "Split", "Pad"}
+# exact on integers held in float32 while the values stay below 2^24 in magnitude
+_ARITH = {"Add", "Sub", "Mul", "Neg", "Abs", "Max", "Min", "Relu"}
+_INTEGRAL = {"Floor", "Ceil", "Round"}  # float outputs that already hold integers
+_BIG = float(2.0 ** 100)
+
+
+def _op(node) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
+def lower_quantized(model: LoadedModel) -> LoadedModel:
+    """The model with the handled dynamic-int8 ops lowered to float ops; unchanged without them."""
+    ops = model.ops()
+    refused = sorted(op for op in ops if op in REFUSED)
+    if refused:
+        op = refused[0]
+        raise UnsupportedOpError(
+            f"{model.path.name}: quantised op {op} (node {ops[op][0]!r}) is not supported by any backend",
+            hint=f"export the float model; of quantised ops edgepack lowers only {', '.join(LOWERED)} "
+                 "(onnxruntime quantize_dynamic output)")
+    found = [op for op in LOWERED if op in ops]
+    if not found:
+        return model
+    proto, counts = lower_graph(model.proto)
+    done = ", ".join(f"{counts[op]} {op}" for op in LOWERED if counts.get(op))
+    if counts.get("com.microsoft.DynamicQuantizeLSTM"):
+        done += (f"; H quantised at {counts['recurrent steps quantised']} unrolled LSTM steps"
+                 + (f", {counts['LSTM left whole']} LSTM left whole (H not quantised: sequence length not static)"
+                    if counts["LSTM left whole"] else ""))
+    return _with(model, proto, f"quantised ops lowered to float: {done}")
+
+
+class _Lowering:
+    def __init__(self, proto: onnx.ModelProto, infer: bool = True, tag: str = "lq"):
+        graph = proto.graph
+        self.consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        for n in graph.node:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                self.consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(proto).graph if infer else graph
+        except Exception:  # contrib ops make onnx's inference give up on some models: types default below
+            inferred = graph
+        self.types = {v.name: v.type.tensor_type.elem_type
+                      for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output)}
+        self.types.update({t.name: t.data_type for t in graph.initializer})
+        self.floated: dict[str, int] = {}   # tensor -> its original integer dtype, now held in float32
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.counts: dict[str, int] = {}
+        self.recurrent: list[np.ndarray] = []   # R [dirs, 4h, h] of each lowered DynamicQuantizeLSTM
+        self._n, self._tag = 0, tag
+
+    def name(self, base: str) -> str:
+        self._n += 1
+        return f"{base}__{self._tag}{self._n}"
+
+    def emit(self, op: str, inputs, outputs=None, **attrs) -> str:
+        outputs = outputs or [self.name(op.lower())]
+        node = helper.make_node(op, list(inputs), list(outputs), **attrs)
+        self.nodes.append(node)
+        for o in outputs:
+            self.producer[o] = node
+        return outputs[0]
+
+    def const(self, value, base: str) -> str:
+        name = self.name(base)
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+        return name
+
+    def as_float(self, name: str) -> str:
+        """A float32 tensor holding the same (integer) values as `name`."""
+        if name in self.floated or self.types.get(name) == TensorProto.FLOAT:
+            return name
+        if name in self.consts:
+            return self.const(self.consts[name].astype(np.float32), name)
+        return self.emit("Cast", [name], to=TensorProto.FLOAT)
+
+    def as_original(self, name: str) -> str:
+        """The tensor in its original integer dtype, for consumers that need it."""
+        if name not in self.floated:
+            return name
+        return self.emit("Cast", [name], [self.name(name)], to=self.floated[name])
+
+    # ---- the lowered ops ----
+
+    def dynamic_quantize_linear(self, node) -> None:
+        self.quantise(node.input[0], *node.output)
+
+    def quantise(self, x: str, y: str | None = None, scale: str | None = None, zp: str | None = None):
+        """DynamicQuantizeLinear's three outputs (y and zp integer-valued float), as the ONNX spec
+        (uint8) and onnxruntime's kernel compute them: range widened to include 0; scale = range/255
+        (onnxruntime uses 1 when the range is 0, reproduced by + Relu(1 - range*2^100), exact for any
+        range >= 2^-100); zp = round_half_even(clip(-min/scale, 0, 255));
+        y = clip(round_half_even(x/scale) + zp, 0, 255)."""
+        y, scale, zp = y or self.name("q"), scale or self.name("scale"), zp or self.name("zp")
+        zero = self.const(0.0, "zero")
+        lo = self.emit("Min", [self.emit("ReduceMin", [x], keepdims=0), zero])
+        hi = self.emit("Max", [self.emit("ReduceMax", [x], keepdims=0), zero])
+        span = self.emit("Sub", [hi, lo])
+        raw = self.emit("Div", [span, self.const(255.0, "qmax")])
+        empty = self.emit("Relu", [self.emit("Sub", [self.const(1.0, "one"),
+                                                     self.emit("Mul", [span, self.const(_BIG, "big")])])])
+        self.emit("Add", [raw, empty], [scale])
+        q255 = self.const(255.0, "q255")
+        zp_raw = self.emit("Neg", [self.emit("Div", [lo, scale])])
+        self.emit("Round", [self.emit("Clip", [zp_raw, zero, q255])], [zp])
+        shifted = self.emit("Add", [self.emit("Round", [self.emit("Div", [x, scale])]), zp])
+        self.emit("Clip", [shifted, zero, q255], [y])
+        self.floated[y] = self.floated[zp] = TensorProto.UINT8
+        return y, scale, zp
+
+    def fake_quantise(self, x: str, out: str | None = None) -> str:
+        """x rounded to the uint8 grid DynamicQuantizeLinear would put it on, back in float:
+        (q - zp) * scale, what onnxruntime's quantised GEMMs multiply."""
+        y, scale, zp = self.quantise(x)
+        return self.emit("Mul", [self.emit("Sub", [y, zp]), scale], [out] if out else None)
+
+    def centred(self, x: str, zp: str | None, axis_last: bool) -> str:
+        """x - zp in float; a constant x and zp are folded into one float initializer."""
+        if x in self.consts and (not zp or zp in self.consts):
+            w = self.consts[x].astype(np.float32)
+            if zp:
+                z = self.consts[zp].astype(np.float32)
+                if z.ndim == 1 and z.size > 1 and not axis_last:   # per output channel of a conv weight
+                    z = z.reshape((-1,) + (1,) * (w.ndim - 1))
+                w = w - z
+            return self.const(w, x)
+        xf = self.as_float(x)
+        if not zp:
+            return xf
+        z = self.as_float(zp)
+        if zp in self.consts and self.consts[zp].size > 1 and not axis_last:  # per-row A zero point
+            z = self.const(self.consts[zp].astype(np.float32).reshape(-1, 1), zp)
+        return self.emit("Sub", [xf, z])
+
+    def conv_integer(self, node) -> None:
+        # (x - x_zp) and (w - w_zp) are integers in [-255, 255]: their products and partial sums are
+        # exact in float32 while |sum| < 2^24, which holds for any kernel of <= 258 taps and in practice
+        # far beyond (activations spread around their zero point); beyond it the rounding is 2^-24 relative.
+        ins = list(node.input) + [""] * (4 - len(node.input))
+        x = self.centred(ins[0], ins[2], axis_last=False)
+        w = self.centred(ins[1], ins[3], axis_last=False)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self.emit("Conv", [x, w], [node.output[0]], **attrs)
+        self.floated[node.output[0]] = TensorProto.INT32
+
+    def matmul_integer(self, node) -> None:
+        ins = list(node.input) + [""] * (4 - len(node.input))
+        a = self.centred(ins[0], ins[2], axis_last=False)
+        b = self.centred(ins[1], ins[3], axis_last=True)
+        self.emit("MatMul", [a, b], [node.output[0]])
+        self.floated[node.output[0]] = TensorProto.INT32
+
+    def dynamic_quantize_lstm(self, node) -> None:
+        # com.microsoft.DynamicQuantizeLSTM: W [dirs, input, 4h] and R [dirs, h, 4h] (transposed against
+        # ONNX LSTM), quantised per direction: w = (q - zp[d]) * scale[d]. onnxruntime also quantises
+        # what it multiplies them with (uint8, dynamic range): X once for the whole sequence, and H
+        # at every step. X is fake-quantised here; H needs the unrolled LSTM (_quantise_recurrence).
+        ins = list(node.input) + [""] * (12 - len(node.input))
+
+        def weight(q, scale, zp):
+            if q not in self.consts or scale not in self.consts or (zp and zp not in self.consts):
+                raise UnsupportedOpError(f"DynamicQuantizeLSTM {node.name!r}: weights are not constants",
+                                         hint="export the float model")
+            w = self.consts[q].astype(np.float32)
+            s = self.consts[scale].astype(np.float32).reshape(-1, 1, 1)
+            z = self.consts[zp].astype(np.float32).reshape(-1, 1, 1) if zp else 0.0
+            return ((w - z) * s).transpose(0, 2, 1)
+
+        w = weight(ins[1], ins[8], ins[9])
+        r = weight(ins[2], ins[10], ins[11])
+        self.recurrent.append(r)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = [self.fake_quantise(self.as_float(ins[0])), self.const(w, ins[1]), self.const(r, ins[2])]
+        inputs += ins[3:8]
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        self.nodes.append(helper.make_node("LSTM", inputs, list(node.output), name=self.name(node.name or "lstm"),
+                                           **attrs))
+
+    def other(self, node) -> None:
+        hit = [i for i in node.input if i in self.floated]
+        src = self.producer.get(node.input[0]) if node.input else None
+        if node.op_type == "Cast" and src is not None and src.op_type in _INTEGRAL:
+            # Cast(Floor(x), to=int32), the old quantiser's bias path: keep the float integers
+            self.emit("Identity", [node.input[0]], [node.output[0]])
+            self.floated[node.output[0]] = helper.get_attribute_value(node.attribute[0])
+            return
+        if not hit:
+            self.nodes.append(node)
+            for o in node.output:
+                self.producer[o] = node
+            return
+        dtype = self.floated[hit[0]]
+        if node.op_type == "Cast" and helper.get_attribute_value(node.attribute[0]) == TensorProto.FLOAT:
+            self.emit("Identity", [node.input[0]], [node.output[0]])
+            return
+        moves = node.op_type in _ARITH or (node.op_type in _MOVES and node.input[0] in self.floated)
+        if moves:   # arithmetic and data movement stay in float: every data input becomes float
+            data = len(node.input) if node.op_type in _ARITH | {"Concat"} else 1
+            inputs = [self.as_float(i) if k < data and i else i for k, i in enumerate(node.input)]
+        else:       # any other consumer gets the original integer tensor back
+            inputs = [self.as_original(i) for i in node.input]
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.input[:] = inputs
+        self.nodes.append(new)
+        for o in new.output:
+            self.producer[o] = new
+            if moves:
+                self.floated[o] = self.types.get(o, dtype) if node.op_type in _ARITH else dtype
+
+
+def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """A copy of `proto` with the handled ops lowered; the count of each op lowered."""
+    lw = _Lowering(proto)
+    handlers = {"DynamicQuantizeLinear": lw.dynamic_quantize_linear, "ConvInteger": lw.conv_integer,
+                "MatMulInteger": lw.matmul_integer, "com.microsoft.DynamicQuantizeLSTM": lw.dynamic_quantize_lstm}
+    for node in proto.graph.node:
+        op = _op(node)
+        handler = handlers.get(op, lw.other)
+        handler(node)
+        if op in handlers:
+            lw.counts[op] = lw.counts.get(op, 0) + 1
+    outputs = {o.name for o in proto.graph.output}
+    for name in outputs & set(lw.floated):       # a graph output keeps its declared integer dtype
+        inner = lw.name(name)
+        for n in lw.nodes:
+            n.output[:] = [inner if o == name else o for o in n.output]
+            n.input[:] = [inner if i == name else i for i in n.input]
+        lw.floated[inner] = lw.floated.pop(name)
+        lw.emit("Cast", [inner], [name], to=lw.floated[inner])
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    graph = out.graph
+    nodes, inits = _live(lw.nodes, list(proto.graph.initializer) + lw.inits, outputs)
+    del graph.node[:], graph.value_info[:], graph.initializer[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(inits)
+    # LSTM and the float ops are plain ONNX: the com.microsoft import stays only if still used
+    if not any(n.domain == "com.microsoft" for n in nodes):
+        kept = [o for o in out.opset_import if o.domain != "com.microsoft"]
+        del out.opset_import[:]
+        out.opset_import.extend(kept)
+    if lw.recurrent:
+        out = _quantise_recurrence(out, lw.recurrent, lw.counts)
+    return out, lw.counts
+
+
+def _live(nodes, inits, outputs: set[str]):
+    """Nodes (and initializers) that the graph outputs depend on, in their order."""
+    need, keep = set(outputs), []
+    for n in reversed(nodes):
+        if any(o in need for o in n.output):
+            keep.append(n)
+            need.update(i for i in n.input if i)
+    return keep[::-1], [t for t in inits if t.name in need]
+
+
+def _quantise_recurrence(proto: onnx.ModelProto, recurrent: list[np.ndarray], counts: dict) -> onnx.ModelProto:
+    """Unroll the lowered LSTMs (onnx_lstm.decompose) and fake-quantise H before every recurrent
+    MatMul, as onnxruntime's DynamicQuantizeLSTM quantises it at every step: without it the CRNN of
+    the corpus (ddddocr_old_int8) is 1% of scale off, with it 1e-6. An LSTM that cannot be unrolled
+    (dynamic sequence length) stays whole, and a count says so."""
+    from . import onnx_lstm
+    inferred = onnx.shape_inference.infer_shapes(proto)   # decompose needs the static sequence length
+    unrolled = onnx_lstm.decompose(inferred)
+    del unrolled.graph.value_info[:]
+    inits = {t.name: t for t in unrolled.graph.initializer}
+    wanted = [r[d].T for r in recurrent for d in range(r.shape[0])]   # decompose's [H, 4H] constants
+    rec_names = {name for name, t in inits.items() if len(t.dims) == 2 and tuple(t.dims) == wanted[0].shape
+                 and any(np.array_equal(numpy_helper.to_array(t), w) for w in wanted)}
+    lw = _Lowering(unrolled, infer=False, tag="lh")
+    steps = 0
+    for node in unrolled.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in rec_names:
+            node.input[0] = lw.fake_quantise(node.input[0])
+            steps += 1
+        lw.nodes.append(node)
+    counts["recurrent steps quantised"] = steps
+    counts["LSTM left whole"] = sum(n.op_type == "LSTM" for n in lw.nodes)
+    nodes, kept = _live(lw.nodes, list(unrolled.graph.initializer) + lw.inits, {o.name for o in unrolled.graph.output})
+    del unrolled.graph.node[:], unrolled.graph.initializer[:]
+    unrolled.graph.node.extend(nodes)
+    unrolled.graph.initializer.extend(kept)
+    return unrolled
