@@ -21,7 +21,7 @@ class TvmBackend:
     name = "tvm"
 
     def unsupported_ops(self, model: LoadedModel) -> dict[str, list[str]]:
-        return ops.unsupported(model.ops())
+        return ops.unsupported(model.ops(), model.proto)
 
     def missing_tools(self) -> list[str]:
         missing = []

@@ -80,7 +80,9 @@ def import_onnx(model: LoadedModel):
     shapes = {s.name: [int(d) for d in s.shape] for s in model.inputs}
     dtypes = {s.name: s.dtype for s in model.inputs}
     try:
-        return from_onnx(model.proto, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+        # the relax importer has no LSTM/GRU: they go in unrolled into primitive ops (ops.DECOMPOSED)
+        from ...onnx_lstm import decompose
+        return from_onnx(decompose(model.proto), shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
     except Exception as exc:  # the frontend raises anything from KeyError to TVMError
         raise BuildError(f"TVM could not import the model: {_first_line(exc)}",
                          hint="fix the input shapes (--input-shape) or try --backend ncnn") from exc

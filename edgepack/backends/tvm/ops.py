@@ -49,5 +49,21 @@ EXCLUDED = frozenset({
 })
 
 
-def unsupported(ops: dict[str, list[str]]) -> dict[str, list[str]]:
-    return {op: nodes for op, nodes in ops.items() if op not in SUPPORTED}
+# Ops the frontend lacks that compile.import_onnx rewrites first (edgepack.onnx_lstm unrolls them
+# over the static sequence length); a node the rewrite refuses (see onnx_lstm.refusal) stays unsupported.
+DECOMPOSED = frozenset({"LSTM", "GRU"})
+
+
+def unsupported(ops: dict[str, list[str]], proto=None) -> dict[str, list[str]]:
+    """op -> nodes TVM cannot build; LSTM/GRU nodes count as buildable when, given the model's
+    proto, the rewrite takes them (without it, they count as unsupported)."""
+    out = {op: nodes for op, nodes in ops.items() if op not in SUPPORTED | DECOMPOSED}
+    recurrent = DECOMPOSED & ops.keys()
+    if recurrent:
+        from ...onnx_lstm import decomposable
+        ok = decomposable(proto) if proto is not None else set()
+        for op in sorted(recurrent):
+            bad = [n for n in ops[op] if n not in ok]
+            if bad:
+                out[op] = bad
+    return out
