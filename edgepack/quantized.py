@@ -36,6 +36,7 @@ _MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
 _ARITH = {"Add", "Sub", "Mul", "Neg", "Abs", "Max", "Min", "Relu"}
 _INTEGRAL = {"Floor", "Ceil", "Round"}  # float outputs that already hold integers
 _BIG = float(2.0 ** 100)
+_MAGIC = float(1.5 * 2.0 ** 23)
 
 
 def _op(node) -> str:
@@ -83,6 +84,7 @@ class _Lowering:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.counts: dict[str, int] = {}
+        self.rank1: set[str] = set()             # DynamicQuantizeLinear scale/zp, [1] here, scalars there
         self.recurrent: list[np.ndarray] = []   # R [dirs, 4h, h] of each lowered DynamicQuantizeLSTM
         self._n, self._tag = 0, tag
 
@@ -123,27 +125,43 @@ class _Lowering:
         self.quantise(node.input[0], *node.output)
 
     def quantise(self, x: str, y: str | None = None, scale: str | None = None, zp: str | None = None):
-        """DynamicQuantizeLinear's three outputs (y and zp integer-valued float), as the ONNX spec
-        (uint8) and onnxruntime's kernel compute them: range widened to include 0; scale = range/255
-        (onnxruntime uses 1 when the range is 0, reproduced by + Relu(1 - range*2^100), exact for any
-        range >= 2^-100); zp = round_half_even(clip(-min/scale, 0, 255));
-        y = clip(round_half_even(x/scale) + zp, 0, 255)."""
+        """DynamicQuantizeLinear's three outputs (y and zp integer-valued float; scale and zp of shape
+        [1]), as the ONNX spec (uint8) and onnxruntime's kernel compute them: range widened to include
+        0; scale = range/255 (onnxruntime uses 1 when the range is 0, reproduced by
+        + Relu(1 - range*2^100), exact for any range >= 2^-100); zp = round(clip(-min/scale, 0, 255));
+        y = clip(round(x/scale) + zp, 0, 255), rounding half to even. Written with ops NCNN has:
+        min/max as GlobalMaxPool, rounding by the float32 adder itself (_round_even)."""
         y, scale, zp = y or self.name("q"), scale or self.name("scale"), zp or self.name("zp")
+        flat = self.emit("Reshape", [x, self.shape_const((1, 1, 1, -1))])
+        one = self.shape_const((1,))
+        hi = self.emit("Reshape", [self.emit("GlobalMaxPool", [flat]), one])
+        lo = self.emit("Reshape", [self.emit("GlobalMaxPool", [self.emit("Neg", [flat])]), one])
         zero = self.const(0.0, "zero")
-        lo = self.emit("Min", [self.emit("ReduceMin", [x], keepdims=0), zero])
-        hi = self.emit("Max", [self.emit("ReduceMax", [x], keepdims=0), zero])
-        span = self.emit("Sub", [hi, lo])
+        hi = self.emit("Relu", [hi])                       # max(max(x), 0)
+        nlo = self.emit("Relu", [lo])                      # -min(min(x), 0)
+        span = self.emit("Add", [hi, nlo])
         raw = self.emit("Div", [span, self.const(255.0, "qmax")])
         empty = self.emit("Relu", [self.emit("Sub", [self.const(1.0, "one"),
                                                      self.emit("Mul", [span, self.const(_BIG, "big")])])])
         self.emit("Add", [raw, empty], [scale])
         q255 = self.const(255.0, "q255")
-        zp_raw = self.emit("Neg", [self.emit("Div", [lo, scale])])
-        self.emit("Round", [self.emit("Clip", [zp_raw, zero, q255])], [zp])
-        shifted = self.emit("Add", [self.emit("Round", [self.emit("Div", [x, scale])]), zp])
+        self._round_even(self.emit("Clip", [self.emit("Div", [nlo, scale]), zero, q255]), zp)
+        shifted = self.emit("Add", [self._round_even(self.emit("Div", [x, scale])), zp])
         self.emit("Clip", [shifted, zero, q255], [y])
         self.floated[y] = self.floated[zp] = TensorProto.UINT8
+        self.rank1.update((scale, zp))
         return y, scale, zp
+
+    def _round_even(self, v: str, out: str | None = None) -> str:
+        # (v + 1.5*2^23) - 1.5*2^23 rounds v to an integer, half to even, in float32 arithmetic for
+        # |v| < 2^22 (here |v| <= 255): the adder's own rounding, so ONNX Round is not needed
+        magic = self.const(_MAGIC, "magic")
+        return self.emit("Sub", [self.emit("Add", [v, magic]), magic], [out] if out else None)
+
+    def shape_const(self, dims) -> str:
+        name = self.name("shape")
+        self.inits.append(numpy_helper.from_array(np.asarray(dims, dtype=np.int64), name))
+        return name
 
     def fake_quantise(self, x: str, out: str | None = None) -> str:
         """x rounded to the uint8 grid DynamicQuantizeLinear would put it on, back in float:
@@ -259,13 +277,16 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
         if op in handlers:
             lw.counts[op] = lw.counts.get(op, 0) + 1
     outputs = {o.name for o in proto.graph.output}
-    for name in outputs & set(lw.floated):       # a graph output keeps its declared integer dtype
+    for name in outputs & (set(lw.floated) | lw.rank1):   # graph outputs keep their declared type
         inner = lw.name(name)
         for n in lw.nodes:
             n.output[:] = [inner if o == name else o for o in n.output]
             n.input[:] = [inner if i == name else i for i in n.input]
-        lw.floated[inner] = lw.floated.pop(name)
-        lw.emit("Cast", [inner], [name], to=lw.floated[inner])
+        last = lw.emit("Reshape", [inner, lw.shape_const(())]) if name in lw.rank1 else inner
+        if name in lw.floated:
+            lw.emit("Cast", [last], [name], to=lw.floated[name])
+        else:
+            lw.emit("Identity", [last], [name])
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     graph = out.graph
