@@ -26,6 +26,7 @@ import onnx
 
 from .errors import UnsupportedOpError
 from .model import LoadedModel, _value_specs
+from .partition_lift import PIN
 
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "LSTM", "GRU", "RNN"})
 # what a segment's boundary tensors may be, per backend (None: any dtype)
@@ -79,13 +80,16 @@ class Plan:
 
 def _plan_rewrites(m: onnx.ModelProto) -> None:
     """Exact ONNX rewrites that replace an op NCNN lacks by ones it has, before the plan assigns
-    backends (so that op does not force a cut): stack + ReduceMax -> Max (AttaCut)."""
+    backends (so that op does not force a cut): stack + ReduceMax -> Max (AttaCut); a batch-N text
+    model lifted to batch 1 after its embedding lookups (DeepCut, partition_lift.py)."""
     from .backends.ncnn.rewrite import remove_dead_nodes, stack_max_to_max
-    try:
-        if stack_max_to_max(m):
-            remove_dead_nodes(m)
-    except Exception:  # noqa: BLE001  a graph the rewrite mis-reads is planned as it is
-        pass
+    from .partition_lift import lift_batch
+    for rewrite in (stack_max_to_max, lift_batch):
+        try:
+            if rewrite(m):
+                remove_dead_nodes(m)
+        except Exception:  # noqa: BLE001  a graph the rewrite mis-reads is planned as it is
+            pass
 
 
 def _named(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -201,6 +205,9 @@ def plan(model: LoadedModel, supported: dict[str, callable], preference: tuple[s
         op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
         if force and n.name in force:
             assign[n.name] = force[n.name]
+            continue
+        if n.name.endswith(PIN) and "tvm" in backends:  # the lift's boundary nodes (partition_lift.py)
+            assign[n.name] = "tvm"
             continue
         b = next((b for b in backends if supported[b](op)), None)
         if b is None:

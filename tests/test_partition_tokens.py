@@ -136,3 +136,116 @@ def test_token_encoder_artifact_keeps_convolutions_on_ncnn(tmp_path):
                            text=True, timeout=120, env={**os.environ, "EDGEPACK_SEGMENT_TIMES": "1"})
     assert bench.returncode == 0, bench.stderr
     assert "segment 0 (tvm): 6 runs" in bench.stderr and "segment 1 (ncnn): 6 runs" in bench.stderr, bench.stderr
+
+
+# ---- a batch-N text CNN (DeepCut-like): lifted to batch 1 after its embedding lookups -------------
+
+WIN, CHARS, N = 7, 20, 4
+
+
+def window_cnn(path: Path) -> Path:
+    """ids[N,WIN] float -> Cast int64 -> Gather -> Unsqueeze -> Transpose -> one-high Conv (two
+    widths) -> Squeeze/Add/Relu/Transpose -> Reshape [-1,C] -> Gemm -> Reshape -> Pad back to WIN ->
+    Max -> Concat with the embedding -> Reshape [N, -1] -> Gemm -> Sigmoid, as tf2onnx writes DeepCut."""
+    rng = np.random.default_rng(12)
+    emb, ch = 6, 5
+    f = lambda *s: (rng.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    c64 = lambda v: np.array(v, np.int64)  # noqa: E731
+    inits = {"table": f(CHARS, emb), "ax1": c64([1]), "ax2": c64([2]), "flat": c64([-1, ch]), "head": c64([N, -1]),
+             "w_out": f(WIN * (emb + 3), 1), "b_out": f(1)}
+    nodes = [helper.make_node("Cast", ["ids"], ["ids_i"], name="cast", to=TensorProto.INT64),
+             helper.make_node("Gather", ["table", "ids_i"], ["e"], name="lookup"),
+             helper.make_node("Unsqueeze", ["e", "ax1"], ["e4"], name="expand"),
+             helper.make_node("Transpose", ["e4"], ["x"], name="nchw", perm=[0, 3, 1, 2])]
+    branches = []
+    for k, kw in enumerate((2, 3)):
+        length = WIN - kw + 1
+        inits |= {f"cw{k}": f(ch, emb, 1, kw), f"cb{k}": f(1, ch, 1), f"dw{k}": f(ch, 3), f"db{k}": f(3),
+                  f"back{k}": c64([-1, length, 3]), f"pad{k}": c64([0, 0, 0, 0, kw - 1, 0])}
+        nodes += [helper.make_node("Conv", ["x", f"cw{k}"], [f"c{k}"], name=f"conv{k}", kernel_shape=[1, kw]),
+                  helper.make_node("Squeeze", [f"c{k}", "ax2"], [f"s{k}"], name=f"sq{k}"),
+                  helper.make_node("Add", [f"s{k}", f"cb{k}"], [f"a{k}"], name=f"bias{k}"),
+                  helper.make_node("Relu", [f"a{k}"], [f"r{k}"], name=f"relu{k}"),
+                  helper.make_node("Transpose", [f"r{k}"], [f"t{k}"], name=f"nwc{k}", perm=[0, 2, 1]),
+                  helper.make_node("Reshape", [f"t{k}", "flat"], [f"f{k}"], name=f"flat{k}"),
+                  helper.make_node("Gemm", [f"f{k}", f"dw{k}", f"db{k}"], [f"g{k}"], name=f"dense{k}"),
+                  helper.make_node("Reshape", [f"g{k}", f"back{k}"], [f"b{k}"], name=f"back{k}"),
+                  helper.make_node("Pad", [f"b{k}", f"pad{k}"], [f"p{k}"], name=f"pad{k}")]
+        branches.append(f"p{k}")
+    nodes += [helper.make_node("Max", branches, ["m"], name="max"),
+              helper.make_node("Concat", ["e", "m"], ["cat"], name="cat", axis=2),
+              helper.make_node("Reshape", ["cat", "head"], ["h"], name="flatten"),
+              helper.make_node("Gemm", ["h", "w_out", "b_out"], ["logit"], name="out"),
+              helper.make_node("Sigmoid", ["logit"], ["y"], name="sigmoid")]
+    g = helper.make_graph(nodes, "window_cnn", [helper.make_tensor_value_info("ids", TensorProto.FLOAT, [N, WIN])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, 1])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, str(path))
+    return path
+
+
+def _window_ids(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, CHARS, (N, WIN)).astype(np.float32)
+
+
+def test_lift_batch_is_exact_and_leaves_no_pad(tmp_path):
+    from edgepack.partition_lift import PIN, lift_batch
+    m = onnx.load(str(window_cnn(tmp_path / "w.onnx")))
+    new = onnx.ModelProto()
+    new.CopyFrom(m)
+    assert lift_batch(new) == 1
+    onnx.checker.check_model(onnx.shape_inference.infer_shapes(new), full_check=True)
+    ops = [n.op_type for n in new.graph.node]
+    assert "Pad" not in ops and "Gemm" not in ops, ops
+    assert sorted(n.op_type for n in new.graph.node if n.name.endswith(PIN)) == ["Reshape", "Unsqueeze"]
+    feeds = {"ids": _window_ids(3)}
+    np.testing.assert_allclose(_ort(new, feeds)["y"], _ort(m, feeds)["y"], rtol=1e-6, atol=1e-7)
+
+
+def test_lift_batch_leaves_an_op_it_does_not_handle(tmp_path):
+    from edgepack.partition_lift import lift_batch
+    m = onnx.load(str(window_cnn(tmp_path / "w.onnx")))
+    softmax = helper.make_node("Softmax", ["logit"], ["sm"], name="softmax", axis=0)  # across the batch
+    m.graph.node.insert(len(m.graph.node) - 1, softmax)
+    m.graph.node[-1].input[0] = "sm"
+    before = m.SerializeToString()
+    assert lift_batch(m) == 0 and m.SerializeToString() == before
+
+
+def test_plan_puts_the_lifted_convolutions_on_ncnn(tmp_path):
+    model = simplify(load_model(window_cnn(tmp_path / "w.onnx")))
+    p = plan(model, {"ncnn": lambda op: op != "Pad", "tvm": lambda op: True})
+    assert p.backends == ("tvm", "ncnn", "tvm"), p.describe()
+    assert set(p.segments[0].ops) == {"Cast", "Gather", "Unsqueeze"} and p.segments[2].ops == ("Reshape",)
+    assert "Conv" in p.segments[1].ops
+    feeds = {"ids": _window_ids(4)}
+    values = dict(feeds)
+    for seg in p.segments:
+        values.update(_ort(seg.model, values))
+    np.testing.assert_allclose(values["y"], _ort(model.proto, feeds)["y"], rtol=1e-6, atol=1e-7)
+
+
+def test_window_cnn_artifact_runs_its_convolutions_on_ncnn(tmp_path):
+    model = window_cnn(tmp_path / "windows.onnx")
+    dist = tmp_path / "dist"
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--out", str(dist), "--json",
+                        "--select", "first")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout)["results"][0]
+    assert res["ok"] and res["backend"] == "ncnn+tvm", res
+    art = dist / "windows-x86_64"
+    manifest = json.loads(art.with_name(art.name + ".json").read_text())
+    segs = manifest["backend"]["segments"]
+    assert [s["backend"] for s in segs] == ["tvm", "ncnn", "tvm"] and "Conv" in segs[1]["ops"], segs
+    ids = _window_ids(99)
+    np.save(tmp_path / "ids.npy", ids)
+    run = run_artifact(art, ["run", "--threads", "1", "--input", f"ids={tmp_path / 'ids.npy'}",
+                             "--output", str(tmp_path / "out")])
+    assert run.returncode == 0, run.stderr
+    got = np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
+    want = _ort(onnx.load(str(model)), {"ids": ids})["y"]
+    tol = manifest["tolerance"]
+    assert float(np.max(np.abs(got - want))) <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(want)))
