@@ -56,6 +56,7 @@ class BuildOptions:
     tuning_db: str | None = None     # TVM MetaSchedule database: None the target's (if any), "off", or a folder
     select: str = "fastest"          # auto: fastest | all | first (edgepack/selection.py)
     bench_on: object = None          # selection.BenchDevice: time the candidates on this device over SSH
+    memory: str = "fast"             # ncnn: fast (its defaults) | lean (backends/ncnn/memory.py)
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,7 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
                   "input_shapes": {k: list(v) for k, v in sorted(opts.input_shapes.items())},
                   "simplify": opts.simplify, "preprocess": opts.preprocess, "postprocess": opts.postprocess,
                   "tuning_db": opts.tuning_db,
+                  "memory": opts.memory,
                   "target_file_sha256": sha256_file(Path(target.source)) if target.source else None,
                   "options": {k: v for k, v in sorted(engine.options.items())}},
     }
@@ -441,6 +443,8 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
         with contextlib.nullcontext() if getattr(backend, "thread_safe", False) else _COMPILE_LOCKS[name]:
             engine = backend.compile(CompileRequest(model, target, rung, workdir / "compile", tc,
                                                     lambda m: log(f"[{target.name}] {m}"), opts.tuning_db))
+        from .backends.ncnn.memory import apply_memory_mode
+        engine = apply_memory_mode(engine, opts.memory, workdir / "memory")
         # one bound policy for every backend and precision, in the verification and the selftest alike
         engine = dataclasses.replace(engine, tolerance=POLICY)
         kept = engine.manifest.get("precision") or engine.manifest.get("compute_precision") or rung

@@ -39,10 +39,14 @@ BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
 @click.option("--tuning-db", default=None, metavar="PATH|off",
               help="TVM: use this MetaSchedule database (from `edgepack tune --out-db`); 'off' builds untuned "
                    "even when `edgepack tune` left one in the cache. Default: the target's database, if any.")
+@click.option("--memory", type=click.Choice(["fast", "lean"]), default="fast", show_default=True,
+              help="NCNN: fast keeps ncnn's Winograd kernels everywhere; lean runs the 3x3 convolutions whose "
+                   "Winograd kernels exceed 1 MiB as sgemm (nudenet_320n: peak RSS -10 MiB; docs/benchmarks.md).")
 @selection_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes, targets_dir, no_verify,
-          no_simplify, preprocess, postprocess, jobs, tuning_db, select, bench_on, inventory, as_json):
+          no_simplify, preprocess, postprocess, jobs, tuning_db, select, bench_on, inventory, memory,
+          as_json):
     """Build MODEL (.onnx) into one verified executable per target.
 
     \b
@@ -66,7 +70,7 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
                         verify=not no_verify, simplify=not no_simplify, preprocess=preprocess,
                         postprocess=postprocess, jobs=jobs,
                         tuning_db=tuning_db if tuning_db in (None, "off") else str(Path(tuning_db).resolve()),
-                        select=select, bench_on=bench_device(bench_on, inventory))
+                        select=select, bench_on=bench_device(bench_on, inventory), memory=memory)
 
     debug = debug_enabled()
 

@@ -4,7 +4,10 @@
  * Options from the spec: ncnn.in.<i> / ncnn.out.<i> (blob names), ncnn.batch_axis.<i>
  * ("0" when the ONNX dim 0 is a batch dim ncnn does not see, "none" otherwise),
  * ncnn.fp32 ("1" forces fp32 storage and arithmetic), ncnn.fp16_arithmetic ("0": fp16 storage only).
- * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights.
+ * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights. `--memory lean` builds
+ * carry a .param whose large-kernel convolutions have Winograd masked (edgepack/backends/ncnn/memory.py).
+ * Measuring aids, off unless set: EDGEPACK_NCNN_OPTIONS (apply_switches), EDGEPACK_NCNN_TRACE=1 (RSS
+ * after load and after each run, on stderr).
  */
 #define _DEFAULT_SOURCE /* madvise, MADV_DONTNEED */
 #include "ep_engine_table.h"
@@ -22,6 +25,7 @@ typedef struct {
     const ep_model_spec *spec;
     ncnn_net_t net;
     ncnn_option_t opt;
+    ncnn_allocator_t blob_alloc, work_alloc; /* only when an option asks for shared pools */
 } ncnn_engine;
 
 static const char *ncnn_describe(void) { return "ncnn"; }
@@ -114,6 +118,77 @@ static size_t load_weights(ncnn_net_t net, const ep_blob *bin) {
     return rc == 0 ? (size_t)(r.cur - data) : (size_t)-1;
 }
 
+/* This process's VmRSS and VmHWM in KiB (for EDGEPACK_NCNN_TRACE). */
+static void vm_kb(long *rss, long *hwm) {
+    *rss = *hwm = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        sscanf(line, "VmRSS: %ld kB", rss);
+        sscanf(line, "VmHWM: %ld kB", hwm);
+    }
+    fclose(f);
+}
+
+/* EDGEPACK_NCNN_TRACE=1: where the memory goes (issue 10 item 5), one stderr line per stage. */
+static void trace(const char *stage) {
+    const char *t = getenv("EDGEPACK_NCNN_TRACE");
+    if (!t || strcmp(t, "1") != 0) return;
+    long rss, hwm;
+    vm_kb(&rss, &hwm);
+    fprintf(stderr, "ncnn-trace: %s VmRSS=%ld kB VmHWM=%ld kB\n", stage, rss, hwm);
+}
+
+/* ncnn's x86/Arm switches, from a comma-separated "key=value" list: winograd, sgemm, packing,
+ * fp16 (storage), 0 or 1; pool=local (ncnn's per-net pools, its default), shared (one PoolAllocator
+ * each for blobs and workspace), unlocked (UnlockedPoolAllocator), none (plain malloc). Read from
+ * EDGEPACK_NCNN_OPTIONS, for measuring where time and memory go (bench/bench_memory.py --switches):
+ * the build verified the artifact with ncnn's defaults, and these switches change the kernels and so
+ * the rounding, so they are a measuring tool, not a way to run an artifact in production. */
+static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
+    while (list && *list) {
+        const char *end = strchr(list, ',');
+        size_t n = end ? (size_t)(end - list) : strlen(list);
+        char item[64];
+        if (n == 0 || n >= sizeof item)
+            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: bad switch list near '%.20s'", list);
+        memcpy(item, list, n);
+        item[n] = 0;
+        list = end ? end + 1 : NULL;
+        char *eq = strchr(item, '=');
+        if (!eq) return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: switch '%s' has no '='", item);
+        *eq = 0;
+        const char *k = item, *v = eq + 1;
+        int on = strcmp(v, "1") == 0;
+        if (strcmp(k, "winograd") == 0) ncnn_option_set_use_winograd_convolution(e->opt, on);
+        else if (strcmp(k, "sgemm") == 0) ncnn_option_set_use_sgemm_convolution(e->opt, on);
+        else if (strcmp(k, "packing") == 0) ncnn_option_set_use_packing_layout(e->opt, on);
+        else if (strcmp(k, "fp16") == 0) {
+            ncnn_option_set_use_fp16_storage(e->opt, on);
+            ncnn_option_set_use_fp16_packed(e->opt, on);
+        } else if (strcmp(k, "pool") == 0) {
+            int shared = strcmp(v, "shared") == 0, unlocked = strcmp(v, "unlocked") == 0;
+            if (!shared && !unlocked && strcmp(v, "local") != 0 && strcmp(v, "none") != 0)
+                return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: pool=%s: local, shared, unlocked or none", v);
+            ncnn_option_set_use_local_pool_allocator(e->opt, strcmp(v, "local") == 0);
+            if ((shared || unlocked) && !e->blob_alloc) {
+                e->blob_alloc = shared ? ncnn_allocator_create_pool_allocator()
+                                       : ncnn_allocator_create_unlocked_pool_allocator();
+                e->work_alloc = shared ? ncnn_allocator_create_pool_allocator()
+                                       : ncnn_allocator_create_unlocked_pool_allocator();
+                if (!e->blob_alloc || !e->work_alloc) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+                ncnn_option_set_blob_allocator(e->opt, e->blob_alloc);
+                ncnn_option_set_workspace_allocator(e->opt, e->work_alloc);
+            }
+        } else {
+            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: unknown switch '%s' (winograd, sgemm, "
+                           "packing, fp16, pool)", k);
+        }
+    }
+    return EP_OK;
+}
+
 static const char *indexed(const ep_model_spec *spec, const char *prefix, int i, const char *fallback) {
     char key[64];
     snprintf(key, sizeof key, "%s.%d", prefix, i);
@@ -146,6 +221,12 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
      * unless the build verified it ("1"), or this option is absent (artifacts built before it). */
     if (strcmp(ep_option_get(spec, "ncnn.fp16_arithmetic", "1"), "0") == 0)
         ncnn_option_set_use_fp16_arithmetic(e->opt, 0);
+    int swrc = apply_switches(e, getenv("EDGEPACK_NCNN_OPTIONS"), st);
+    if (swrc) {
+        ncnn_close(e);
+        return swrc;
+    }
+    trace("start");
     e->net = ncnn_net_create();
     ncnn_net_set_option(e->net, e->opt);
     const ep_blob *param = &spec->model_blobs[0], *bin = &spec->model_blobs[1];
@@ -163,6 +244,7 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
         return ep_fail(st, EP_ERR_MODEL, "ncnn consumed %zu of %zu weight bytes: .param and .bin disagree", used,
                        ep_blob_size(bin));
     }
+    trace("loaded");
     *out = e;
     return EP_OK;
 }
@@ -255,6 +337,7 @@ static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, e
         ncnn_mat_destroy(m);
     }
     ncnn_extractor_destroy(ex);
+    trace("ran");
     return rc;
 }
 
@@ -263,6 +346,8 @@ static void ncnn_close(void *handle) {
     if (!e) return;
     if (e->net) ncnn_net_destroy(e->net);
     if (e->opt) ncnn_option_destroy(e->opt);
+    if (e->blob_alloc) ncnn_allocator_destroy(e->blob_alloc);
+    if (e->work_alloc) ncnn_allocator_destroy(e->work_alloc);
     free(e);
 }
 

@@ -1,0 +1,75 @@
+"""`--memory lean`: Winograd only where its transformed kernels are small (issue 10 item 5).
+
+ncnn's x86 and Arm 3x3 stride-1 convolutions run as Winograd F(6,3)/F(4,3) and keep the transformed
+kernels, 64/9 or 36/9 times the layer's fp32 weights, for the life of the net. On nudenet_320n
+(YOLOv8n-class) that is 27.7 MB of kernels for 12 MB of fp32 weights, the largest share of the
+artifact's peak RSS. The layers with the largest kernels are the deep ones (many channels, small
+feature maps), where Winograd also gains the least; ncnn's per-layer feature mask (param key 31,
+bit 6) turns Winograd off for one layer, which then runs as im2col + sgemm on its plain weights.
+
+The .param is the build's own pnnx output; this only appends `31=64` to chosen Convolution lines.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+MODES = ("fast", "lean")
+NO_WINOGRAD = 1 << 6          # ncnn get_masked_option: featmask bit 6 masks use_winograd_convolution
+KERNEL_LIMIT = 1 << 20        # bytes of transformed kernel above which a layer runs without Winograd
+
+
+def winograd_bytes(fields: dict[str, str]) -> tuple[int, int]:
+    """(bytes of the Winograd kernel ncnn would keep for this Convolution, 0 where it uses none;
+    bytes of its plain fp32 weights).
+    pnnx writes no shape hints, so ncnn takes its dynamic-shape choice: F(6,3) when both channel
+    counts are <= 32, F(4,3) otherwise (convolution_x86.cpp / convolution_arm.cpp, create_pipeline)."""
+    def num(key: str, default: int) -> int:
+        return int(fields.get(key, default))
+    cout, kw = num("0", 0), num("1", 1)
+    kh, dw, sw = num("11", kw), num("2", 1), num("3", 1)
+    dh, sh, wsize = num("12", dw), num("13", sw), num("6", 0)
+    if num("19", 0) or cout <= 0 or (kw, kh, dw, dh, sw, sh) != (3, 3, 1, 1, 1, 1):
+        return 0, wsize * 4
+    cin = wsize // 9 // cout
+    if cin <= 8 and cout <= 8:
+        return 0, wsize * 4
+    tiles = 64 if cin <= 32 and cout <= 32 else 36
+    return cin * cout * tiles * 4, wsize * 4
+
+
+def lean_param(text: str, limit: int = KERNEL_LIMIT) -> tuple[str, list[str], int]:
+    """(param text with Winograd masked on layers whose kernel exceeds `limit`, their names, bytes saved)."""
+    out, masked, saved = [], [], 0
+    for line in text.splitlines():
+        t = line.split()
+        if len(t) > 4 and t[0] == "Convolution" and t[2].isdigit() and t[3].isdigit():
+            head = 4 + int(t[2]) + int(t[3])
+            fields = dict(kv.split("=", 1) for kv in t[head:] if "=" in kv and not kv.startswith("-"))
+            size, plain = winograd_bytes(fields)
+            if size > limit:
+                mask = int(fields.get("31", 0)) | NO_WINOGRAD
+                rest = [kv for kv in t[head:] if not kv.startswith("31=")]
+                line = " ".join(t[:head] + rest + [f"31={mask}"])
+                masked.append(t[1])
+                saved += size - plain
+        out.append(line)
+    return "\n".join(out) + "\n", masked, saved
+
+
+def apply_memory_mode(engine, mode: str, workdir: Path):
+    """The engine build for `--memory MODE`: unchanged for `fast` and for anything but a whole-graph
+    NCNN build (a partitioned build keeps ncnn's defaults); for `lean`, its .param with Winograd
+    masked where the kernel is large, and what was masked in the manifest."""
+    import dataclasses
+    if mode not in MODES:
+        raise ValueError(f"memory mode {mode!r}: one of {', '.join(MODES)}")
+    if mode == "fast" or engine.backend != "ncnn" or engine.segments:
+        return engine
+    text, masked, saved = lean_param(Path(engine.model_blobs[0]).read_text(), KERNEL_LIMIT)
+    workdir.mkdir(parents=True, exist_ok=True)
+    param = workdir / "model.lean.param"
+    param.write_text(text)
+    return dataclasses.replace(
+        engine, model_blobs=(param, *engine.model_blobs[1:]),
+        manifest={**engine.manifest, "memory": mode, "winograd_masked_layers": masked,
+                  "winograd_kernel_bytes_saved": saved})
