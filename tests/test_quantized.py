@@ -1,0 +1,79 @@
+"""An onnxruntime dynamic-int8 model (quantize_dynamic: DynamicQuantizeLinear, ConvInteger,
+MatMulInteger) built for x86_64 with the default backend and checked with `run` on fresh inputs
+against onnxruntime running the original quantised model. Before edgepack/quantized.py no backend
+took these ops (exit 5)."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from clirun import run_edgepack
+from edgepack.runner import run_artifact
+
+
+def quantised_cnn(tmp: Path) -> Path:
+    """Conv -> SiLU -> grouped 1x1 Conv + residual -> MatMul head, through quantize_dynamic (uint8
+    weights: onnxruntime's AVX2 u8s8 GEMM may saturate int16 pair sums, u8u8 is exact)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    rng = np.random.default_rng(5)
+    f32 = lambda name, *s: numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), name)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "cw", "cb"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Sigmoid", ["c"], ["sg"]), helper.make_node("Mul", ["c", "sg"], ["a"]),
+             helper.make_node("Conv", ["a", "cw2", "cb2"], ["c2"], group=2),
+             helper.make_node("Add", ["c2", "a"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["f"]),
+             helper.make_node("MatMul", ["f", "mw"], ["m"]), helper.make_node("Add", ["m", "mb"], ["y"])]
+    inits = [f32("cw", 8, 3, 3, 3), f32("cb", 8), f32("cw2", 8, 4, 1, 1), f32("cb2", 8),
+             numpy_helper.from_array(np.array([1, 8 * 8 * 8], np.int64), "shape"), f32("mw", 512, 10), f32("mb", 10)]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "qcnn", [helper.make_tensor_value_info("x", f, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", f, [1, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    src, dst = tmp / "qcnn-float.onnx", tmp / "qcnn.onnx"
+    onnx.save(model, src)
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(src, dst, weight_type=QuantType.QUInt8)
+    ops = {n.op_type for n in onnx.load(dst).graph.node}
+    assert {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"} <= ops, ops
+    return dst
+
+
+def test_quantize_dynamic_model_builds_and_runs_like_onnxruntime(tmp_path):
+    model = quantised_cnn(tmp_path)
+    t0 = time.monotonic()
+    dist = tmp_path / "dist"
+    proc = run_edgepack("build", model, "--target", "x86_64", "--out", dist, "--json", timeout=600)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"no JSON report (exit {proc.returncode}): {proc.stderr[-3000:]}")
+    assert proc.returncode == 0 and report["ok"], proc.stderr[-4000:]
+    art = dist / "qcnn-x86_64"
+    manifest = json.loads(art.with_name(art.name + ".json").read_text())
+    notes = " ".join(manifest["model"]["notes"])
+    assert "quantised ops lowered to float: 3 DynamicQuantizeLinear, 2 ConvInteger, 1 MatMulInteger" in notes, notes
+    tol = manifest["tolerance"]
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for seed in (31, 32, 33):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)
+        want = sess.run(None, {"x": x})[0]
+        np.save(tmp_path / "x.npy", x)
+        out = tmp_path / f"out{seed}"
+        proc = run_artifact(art, ["run", "--threads", "1", "--input", f"x={tmp_path / 'x.npy'}", "--output", str(out)])
+        assert proc.returncode == 0, proc.stderr
+        got = np.load(json.loads(proc.stdout)["outputs"]["y"]["file"]).reshape(want.shape)
+        err = float(np.max(np.abs(got - want)))
+        assert err <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(want))), (seed, err)
+        worst = max(worst, err)
+    print(f"quantize_dynamic CNN: {report['results'][0]['backend']}, built and checked in "
+          f"{time.monotonic() - t0:.0f} s, max error {worst:.2e}")
