@@ -106,8 +106,8 @@ def where_model(path):
 
 
 def lstm_model(path):
-    """An LSTM (+ Linear) as torch exports it: NCNN builds it, the relax ONNX frontend has no
-    converter for LSTM. (A hand-made onnx.helper LSTM is not one pnnx converts.)"""
+    """An LSTM (+ Linear) as torch exports it: NCNN builds it; the relax ONNX frontend has no
+    converter for LSTM, so the TVM backend unrolls it first (edgepack/onnx_lstm.py)."""
     import torch
     torch.manual_seed(0)
 
@@ -147,7 +147,9 @@ def test_auto_uses_tvm_for_ops_ncnn_lacks(make, tmp_path):
     assert any(lacking in r for r in manifest["backend_choice"]["skipped"])
 
 
-def test_auto_falls_back_to_ncnn_when_tvm_cannot_import(tmp_path):
+def test_tvm_first_target_builds_the_lstm_on_tvm(tmp_path):
+    """The relax frontend has no LSTM converter; edgepack/onnx_lstm.py unrolls it before the import,
+    so a target that tries TVM first keeps TVM for a torch-exported LSTM (it fell back to NCNN before)."""
     model = lstm_model(tmp_path / "lstm.onnx")
     tdir = tmp_path / "targets"
     tdir.mkdir()
@@ -157,21 +159,27 @@ def test_auto_falls_back_to_ncnn_when_tvm_cannot_import(tmp_path):
     text = "\n".join(line for line in text.splitlines() if not line.startswith("aliases"))
     (tdir / "x86_64-tvm-first.toml").write_text(text + "\n")
     proc, report = _build(model, "--target", "x86_64-tvm-first", "--targets-dir", str(tdir), "--fp32",
-                          "--out", str(tmp_path / "dist"))
+                          "--select", "first", "--out", str(tmp_path / "dist"))
     assert proc.returncode == 0 and report["ok"], proc.stderr[-3000:]
-    res = report["results"][0]
-    assert res["backend"] == "ncnn"
-    assert any("tvm" in n and "LSTM" in n for n in res["notes"]), res["notes"]
+    assert report["results"][0]["backend"] == "tvm"
 
 
 def test_import_failure_is_a_build_error(tmp_path):
-    """Past the op table (e.g. an op the table lists but the frontend rejects for this model),
-    a TVM import failure is a BuildError, which `auto` treats as 'try the next backend'."""
+    """Past the op table (an op the table lists but the frontend rejects for this model: Resize with
+    keep_aspect_ratio_policy and axes), a TVM import failure is a BuildError, which `auto` treats
+    as 'try the next backend'."""
     from edgepack.backends.tvm.compile import import_onnx
     from edgepack.model import load_model
-    model = load_model(lstm_model(tmp_path / "lstm.onnx"))
-    with pytest.raises(BuildError, match="TVM could not import the model.*LSTM"):
-        import_onnx(model)
+    sizes = numpy_helper.from_array(np.array([16, 16], np.int64), "sz")
+    node = helper.make_node("Resize", ["x", "", "", "sz"], ["y"], mode="nearest",
+                            keep_aspect_ratio_policy="not_smaller", axes=[2, 3])
+    graph = helper.make_graph([node], "resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 16])], [sizes])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "resize.onnx"))
+    with pytest.raises(BuildError, match="TVM could not import the model"):
+        import_onnx(load_model(tmp_path / "resize.onnx"))
 
 
 def test_tuning_accumulates_and_is_applied(tiny_cnn, tmp_path):
