@@ -8,10 +8,12 @@ resolves a kernel as prefix+name first and plain name second, and the VM bytecod
 serves every level."""
 from __future__ import annotations
 
+import os
 import struct
 import tarfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,7 @@ class CompiledModel:
     base_code_bytes: int = 0
     tuned_kernels: tuple[int, int] = (0, 0)  # (kernels the database scheduled, kernels)
     skipped_levels: tuple[str, ...] = ()     # ISA levels that could not be built, with why
+    default_schedules: tuple[tuple[str, int], ...] = ()  # (rule, kernels) of the base build; () = off
 
 
 def import_tvm():
@@ -138,14 +141,27 @@ def compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: P
         return _compile_model(model, tvm_target, workdir, tuning_db=tuning_db, variants=variants, log=log)
 
 
-def _build(mod, tvm_target, tuning_db, prefix: str | None = None, coverage: list | None = None):
+def default_schedules_enabled() -> bool:
+    """EDGEPACK_TVM_SCHEDULES=off builds the naive loop nests (the "before" column of
+    bench/bench_tvm_untuned.py); anything else, or unset, schedules them."""
+    return os.environ.get("EDGEPACK_TVM_SCHEDULES", "on").strip().lower() not in ("off", "0", "no")
+
+
+def _build(mod, tvm_target, tuning_db, prefix: str | None = None, coverage: list | None = None,
+           rules: Counter | None = None):
     import tvm
     from tvm import relax
+    from .schedules import apply_default_schedules
     try:
         if tuning_db is not None:
             mod = apply_database(mod, tvm_target, tuning_db)
             if coverage is not None:
                 coverage.extend(scheduled_count(mod))
+        if default_schedules_enabled():
+            # after the database: its records win, the default rules take only what it left
+            mod, used = apply_default_schedules(mod, tvm_target)
+            if rules is not None:
+                rules.update(used)
         if prefix:
             mod = mod.with_attr("system_lib_prefix", prefix)
         with tvm.transform.PassContext(opt_level=3):
@@ -192,8 +208,11 @@ def _compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: 
     except Exception as exc:
         raise BuildError(f"TVM could not compile the model: {_first_line(exc)}", hint="try --backend ncnn") from exc
     coverage: list = []
-    ex = _build(mod, tvm_target, tuning_db, coverage=coverage)
+    rules: Counter = Counter()
+    ex = _build(mod, tvm_target, tuning_db, coverage=coverage, rules=rules)
     times["build"] = time.monotonic() - t0
+    if rules and log:
+        log("tvm: default schedules: " + ", ".join(f"{n} {k}" for k, n in rules.most_common()))
     t0 = time.monotonic()
     out = _export(ex, workdir, "", {"lib0.o": "lib0.o", "devc.o": "devc.o"})
     times["export"] = time.monotonic() - t0
@@ -221,7 +240,8 @@ def _compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: 
             log(f"tvm: {len(missing)} of {len(base)} kernels have no {level} copy (the baseline ones run there)")
     return CompiledModel(out["lib0.o"], out["devc.o"], data_section_bytes(out["devc.o"]),
                          {k: round(v, 2) for k, v in times.items()}, tuning_db is not None, tuple(built),
-                         data_section_bytes(out["lib0.o"], code=True), tuple(coverage) or (0, 0), tuple(skipped))
+                         data_section_bytes(out["lib0.o"], code=True), tuple(coverage) or (0, 0), tuple(skipped),
+                         tuple(rules.most_common()))
 
 
 def _elf_symbols(obj: Path) -> list[str]:

@@ -1,0 +1,121 @@
+"""Untuned TVM on real models, before/after the default schedules, against onnxruntime (x86_64).
+
+For each corpus model (bench/corpus.toml, from the corpus cache): `edgepack build --backend tvm
+--target x86_64 --tuning-db off` twice, with EDGEPACK_TVM_SCHEDULES=off (the naive loop nests,
+"before") and with the default schedules ("after"); then, for each thread count, interleaved
+rounds of both artifacts' own `bench` and an onnxruntime session with the same thread count on
+the same seeded inputs (best round's median each), so load on the machine hits every column alike.
+
+Usage: python3 bench/bench_tvm_untuned.py [--models ppocr_cls,orientation,...] [--threads 1,2]
+       [--runs 20] [--rounds 3] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from corpus import build, fetch, load_table, ort_inputs, ort_median  # noqa: E402  (one corpus, one timing)
+
+DEFAULT_MODELS = "ppocr_cls,orientation,silero_vad,ddddocr_crnn,ppocr_v4_rec,attacut"
+
+
+def ort_session(model: Path, threads: int):
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+
+
+def artifact_ms(path: Path, threads: int, runs: int) -> float:
+    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "3", "--threads", str(threads),
+                           "--json"], capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{path.name} bench failed: {(proc.stderr or proc.stdout).strip()[:200]}")
+    return json.loads(proc.stdout)["median_ms"]
+
+
+def build_tvm(entry, model: Path, out: Path, schedules: bool) -> tuple[Path | None, float, str]:
+    """(artifact, build seconds, error) of one x86_64 TVM build."""
+    env_before = os.environ.get("EDGEPACK_TVM_SCHEDULES")
+    os.environ["EDGEPACK_TVM_SCHEDULES"] = "on" if schedules else "off"
+    try:
+        doc, seconds = build(entry, model, "x86_64", out, ("--backend", "tvm", "--tuning-db", "off"))
+    finally:
+        if env_before is None:
+            os.environ.pop("EDGEPACK_TVM_SCHEDULES")
+        else:
+            os.environ["EDGEPACK_TVM_SCHEDULES"] = env_before
+    res = (doc.get("results") or [{}])[0]
+    if not res.get("file"):
+        return None, seconds, str(doc.get("error") or res.get("error") or "no artifact")[:300]
+    return Path(res["file"]), seconds, ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=DEFAULT_MODELS, help="corpus model names, comma-separated")
+    ap.add_argument("--threads", default="1,2", help="thread counts to measure, comma-separated")
+    ap.add_argument("--runs", type=int, default=20, help="runs per median")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the best median counts)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args(argv)
+    entries = {e.name: e for e in load_table()}
+    threads = [int(t) for t in args.threads.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="edgepack-tvm-untuned-"))
+    report = {"threads": threads, "runs": args.runs, "rounds": args.rounds, "models": {}}
+    for name in args.models.split(","):
+        entry = entries[name]
+        model = fetch(entry, offline=True)
+        row: dict = {"build_s": {}, "ms": {}, "ratio": {}}
+        arts = {}
+        for label, sched in (("before", False), ("after", True)):
+            out = work / f"{name}-{label}"
+            out.mkdir()
+            art, secs, err = build_tvm(entry, model, out, sched)
+            row["build_s"][label] = round(secs, 1)
+            if art is None:
+                row.setdefault("errors", {})[label] = err
+                print(f"{name}: {label} build failed: {err}", flush=True)
+                continue
+            arts[label] = art
+        feeds = ort_inputs(entry, model)
+        for t in threads:
+            sess = ort_session(model, t)
+            got: dict[str, list[float]] = {k: [] for k in [*arts, "onnxruntime"]}
+            for _ in range(args.rounds):
+                for label, art in arts.items():
+                    got[label].append(artifact_ms(art, t, args.runs))
+                got["onnxruntime"].append(ort_median(sess, feeds, args.runs))
+            best = {k: round(min(v), 3) for k, v in got.items()}
+            row["ms"][str(t)] = best
+            row["ratio"][str(t)] = {k: round(best[k] / best["onnxruntime"], 2) for k in arts}
+            print(f"{name} {t} thread(s): " + ", ".join(f"{k} {v:.2f} ms" for k, v in best.items())
+                  + "  |  " + ", ".join(f"{k} {r:.2f}x" for k, r in row["ratio"][str(t)].items())
+                  + f"  |  build s {row['build_s']}", flush=True)
+        report["models"][name] = row
+    for t in threads:
+        for label in ("before", "after"):
+            rs = [m["ratio"][str(t)][label] for m in report["models"].values() if label in m["ratio"].get(str(t), {})]
+            if rs:
+                g = math.exp(sum(math.log(r) for r in rs) / len(rs))
+                report.setdefault("geomean", {}).setdefault(str(t), {})[label] = round(g, 2)
+                print(f"geomean {label}, {t} thread(s): {g:.2f}x onnxruntime over {len(rs)} models")
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

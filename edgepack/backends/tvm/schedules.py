@@ -1,0 +1,344 @@
+"""Default CPU schedules for the kernels a tuning database leaves unscheduled.
+
+Without a schedule, relax's cpu_generic lowering compiles each legalised PrimFunc as its naive loop
+nest (reduction innermost, scalar, single-threaded): 20-70x onnxruntime. This module gives every
+such kernel a fixed, deterministic schedule chosen from the loop nest alone (no measuring, no
+device), in this order, first that applies:
+
+1. dlight's CPU rules (GEMV with an inner reduction; softmax/norm-like reduction chains);
+2. ``_tile_reduction``: one reduction block (matmul, conv2d incl. depthwise/grouped, pooling),
+   register-tiled like a BLAS micro-kernel: the last spatial axis split by the target's vector
+   width and vectorised, a spatial axis the vector operand does not depend on split by a few rows
+   and unrolled (each loaded vector then feeds several FMAs), the reduction loops outside that
+   tile, the elementwise epilogue computed per tile, the outer tiles fused and ``parallel``;
+3. ``_injective``: no reduction: intermediate blocks inlined, the inner axis vectorised, the
+   outer axes fused and ``parallel``;
+4. ``_outer_parallel``: anything else keeps its loop order but runs its outer spatial loops in
+   parallel and its innermost spatial loop vectorised where that loop is innermost.
+
+Every schedule primitive is checked by TVM for validity; a rule that raises leaves the kernel to
+the next rule, and a kernel no rule takes stays naive (slow, still correct). The build then
+verifies the artifact against onnxruntime as usual.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+# a parallel loop with less work than this (multiply-adds or elements) costs more in thread
+# wake-ups than it saves
+_PARALLEL_MIN_WORK = 1 << 14
+# register-tile rows tried for the reuse axis, best first (rows x one vector of accumulators stays
+# within the 16 vector registers of AVX2/NEON with room for the loaded operands)
+_ROW_TILES = (8, 6, 4, 3, 2)
+
+
+def apply_default_schedules(mod, target) -> tuple[object, Counter]:
+    """``mod`` with every PrimFunc not yet marked ``tirx.is_scheduled`` scheduled for ``target``;
+    also a Counter rule name -> kernels it scheduled ("naive" for those none could)."""
+    import tvm
+    used: Counter = Counter()
+    updates = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        if func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"]):
+            continue
+        name, new = schedule_func(func, target)
+        used[name] += 1
+        if new is not None:
+            updates[gv] = new.with_attr("tirx.is_scheduled", True)
+    for gv, func in updates.items():
+        mod[gv] = func
+    return mod, used
+
+
+def schedule_func(func, target):
+    """(rule name, scheduled PrimFunc) for one kernel, or ("naive", None)."""
+    from tvm import s_tir
+    from tvm.s_tir import dlight as dl
+    rules = (("dlight.GEMV", dl.cpu.GEMV()), ("tile", _tile_reduction), ("dlight.Reduction", dl.cpu.Reduction()),
+             ("injective", _injective), ("outer-parallel", _outer_parallel))
+    with target:
+        for name, rule in rules:
+            try:
+                if isinstance(rule, dl.ScheduleRule):
+                    sch = rule.apply(func, target, False)
+                    sch = sch[0] if isinstance(sch, list) else sch
+                else:
+                    sch = s_tir.Schedule(func)
+                    sch = sch if rule(sch, vector_lanes(target, func)) else None
+            except Exception:  # a primitive refused (TVM checks every step), or dlight asserted
+                sch = None
+            if sch is not None:
+                return name, sch.mod["main"]
+    return "naive", None
+
+
+def vector_bits(target) -> int:
+    """The target's vector register width. (tvm's llvm_get_vector_width answers 512 for every x86
+    CPU name, the x86-64 baseline included, so it is read from the target here.)"""
+    attrs = target.attrs
+    mcpu = str(attrs.get("mcpu", "")) if "mcpu" in attrs else ""
+    mattr = [str(a) for a in attrs["mattr"]] if "mattr" in attrs else []
+    if "x86_64" not in str(attrs.get("mtriple", "x86_64")) and "x86" not in mcpu:
+        return 128  # aarch64 NEON (SVE is not targeted)
+    if mcpu == "x86-64-v4" or "+avx512f" in mattr:
+        return 512
+    if mcpu == "x86-64-v3" or "+avx2" in mattr or "+avx" in mattr:
+        return 256
+    return 128
+
+
+def vector_lanes(target, func) -> int:
+    import tvm
+    bits = 32
+    for param in func.params[-1:]:  # the output's element type (params carry their buffer type)
+        dtype = getattr(getattr(param, "ty", None), "dtype", None)
+        if dtype is not None:
+            bits = max(8, tvm.DataType(str(dtype)).bits)
+    return max(2, vector_bits(target) // bits)
+
+
+# --- block analysis ---------------------------------------------------------------------------
+
+def _blocks(sch):
+    from tvm.s_tir.dlight.analysis import get_root_block
+    return list(sch.get_child_blocks(get_root_block(sch)))
+
+
+def _kinds(sch, block) -> str:
+    """One letter per block iterator: S spatial, R reduction, O other."""
+    return "".join({0: "S", 2: "R"}.get(int(iv.iter_type), "O") for iv in sch.get(block).iter_vars)
+
+
+def _plain_loops(sch, block):
+    """The block's loops when each binds exactly one iterator, in iterator order; else None."""
+    loops = sch.get_loops(block)
+    stmt = sch.get(block)
+    if len(loops) != len(stmt.iter_vars):
+        return None
+    binds = _bindings(sch, block)
+    loop_vars = [sch.get(lp).loop_var for lp in loops]
+    if binds is None or len(binds) != len(loop_vars) or any(not b.same_as(v) for b, v in zip(binds, loop_vars)):
+        return None
+    return loops
+
+
+def _bindings(sch, block):
+    realize = _realize_of(sch, block)
+    return list(realize.iter_values) if realize is not None else None
+
+
+def _realize_of(sch, block):
+    """The SBlockRealize of ``block`` (its iterator bindings), found under its innermost loop."""
+    import tvm
+    import tvm_ffi
+    loops = sch.get_loops(block)
+    target = sch.get(block)
+    found = []
+
+    def visit(node):
+        if node.block.same_as(target):
+            found.append(node)
+    parent = sch.get(loops[-1]).body if loops else sch.get(block)
+    tvm_ffi.structural_walk(parent, (tvm.s_tir.SBlockRealize, visit), order="post")
+    return found[0] if found else None
+
+
+def _extent(sch, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext.value) if hasattr(ext, "value") else None
+
+
+def _divisor(n: int, limit: int) -> int:
+    for f in range(min(n, limit), 0, -1):
+        if n % f == 0:
+            return f
+    return 1
+
+
+def _vars_in(expr) -> set:
+    from tvm.s_tir.dlight.analysis import collect_vars_used_in_prim_expr
+    return collect_vars_used_in_prim_expr(expr)
+
+
+def _inline_all(sch, blocks, keep) -> list:
+    """compute_inline every block it can (besides ``keep``), repeatedly; the blocks left."""
+    changed = True
+    while changed:
+        changed = False
+        for b in list(blocks):
+            if any(sch.get(b).same_as(sch.get(k)) for k in keep):
+                continue
+            try:
+                sch.compute_inline(b)
+            except Exception:  # an output, a reduction, or a producer with several consumers
+                continue
+            blocks.remove(b)
+            changed = True
+    return blocks
+
+
+# --- rules ------------------------------------------------------------------------------------
+
+def _tile_reduction(sch, lanes: int) -> bool:
+    blocks = _blocks(sch)
+    reds = [b for b in blocks if "R" in _kinds(sch, b)]
+    if len(reds) != 1 or "O" in _kinds(sch, reds[0]):
+        return False
+    main = reds[0]
+    kinds = _kinds(sch, main)
+    n_s = kinds.index("R")
+    if n_s == 0 or "S" in kinds[n_s:]:
+        return False
+    loops = _plain_loops(sch, main)
+    if loops is None:
+        return False
+    ext = [_extent(sch, lp) for lp in loops]
+    if any(e is None for e in ext):
+        return False
+    stmt = sch.get(main)
+    # the operand read with the innermost spatial axis is the vectorised one; a spatial axis it does
+    # not depend on is where a loaded vector gets reused (conv: output channels; matmul: rows)
+    vec = max((k for k in range(n_s) if ext[k] > 1), default=None)
+    if vec is None:
+        return False
+    ivars = [iv.var for iv in stmt.iter_vars]
+    reuse = None
+    for region in stmt.reads:
+        used = set()
+        for rng in region.region:
+            used |= _vars_in(rng.min)
+        if ivars[vec] in used:
+            free = [k for k in range(n_s) if k != vec and ext[k] > 1 and ivars[k] not in used]
+            if free:
+                reuse = max(free, key=lambda k: (ext[k], k))
+            break
+    # the consumer chain: intermediate epilogue blocks inlined into the last one
+    idx = [i for i, b in enumerate(blocks) if sch.get(b).same_as(stmt)][0]
+    prologue, epilogue = blocks[:idx], blocks[idx + 1:]
+    epilogue = _inline_all(sch, epilogue, keep=epilogue[-1:])
+    # prologues that are copies/reshapes are inlined into the kernel; padding (if_then_else) stays
+    for b in prologue:
+        if "if_then_else" not in str(sch.get(b).body):
+            try:
+                sch.compute_inline(b)
+            except Exception:
+                pass
+    main = sch.get_sblock(stmt.name_hint)
+    loops = sch.get_loops(main)
+    if not epilogue:
+        # writing straight into the function's output: accumulate in a per-tile buffer instead
+        epilogue = [sch.cache_write(main, 0, "global")]
+    width = ext[vec] if ext[vec] <= lanes else _divisor(ext[vec], 2 * lanes)
+    if width < lanes // 2 and ext[vec] > lanes:
+        width = lanes  # no good divisor: a predicated tail beats scalar code
+    rows = 1
+    if reuse is not None:
+        rows = next((r for r in _ROW_TILES if ext[reuse] % r == 0 and r * max(1, width // lanes) <= 8), 1)
+    outer, inner = [], []
+    for k in range(n_s):
+        if k == vec and width < ext[vec]:
+            o, i = sch.split(loops[k], [None, width])
+            outer.append(o)
+            inner.append(i)
+        elif k == vec:
+            inner.append(loops[k])
+        elif k == reuse and rows > 1:
+            o, i = sch.split(loops[k], [None, rows])
+            outer.append(o)
+            inner.insert(0, i)
+        else:
+            outer.append(loops[k])
+    red_loops = loops[n_s:]
+    sch.reorder(*outer, *red_loops, *inner)
+    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    work = 1
+    for e in ext:
+        work *= e
+    if work >= _PARALLEL_MIN_WORK and _extent(sch, fused) and _extent(sch, fused) > 1:
+        sch.parallel(fused)
+    for e in epilogue[-1:]:
+        sch.reverse_compute_at(e, fused)
+        el = sch.get_loops(e)
+        if len(el) > 1:
+            _vectorize_tail(sch, el[1:], lanes)
+    # vectorise before splitting off the init: the update alone is no longer a complete block
+    if len(inner) > 1:
+        sch.unroll(inner[0])
+    sch.vectorize(inner[-1])
+    init = sch.decompose_reduction(main, red_loops[0])
+    il = sch.get_loops(init)
+    if len(il) > 1 and _extent(sch, il[-1]) == width:
+        sch.vectorize(il[-1])
+    for b in prologue:
+        try:
+            sch.get(b)
+        except Exception:  # inlined
+            continue
+        _parallel_vectorize(sch, b, lanes)
+    return True
+
+
+def _vectorize_tail(sch, loops, lanes: int) -> None:
+    """Vectorise the innermost loop of a per-tile epilogue when it is a short constant loop."""
+    e = _extent(sch, loops[-1])
+    if e is not None and 1 < e <= 4 * lanes:
+        sch.vectorize(loops[-1])
+
+
+def _parallel_vectorize(sch, block, lanes: int) -> None:
+    """A spatial block: outer loops fused and parallel, the innermost split and vectorised."""
+    loops = sch.get_loops(block)
+    ext = [_extent(sch, lp) for lp in loops]
+    if not loops or any(e is None for e in ext) or "R" in _kinds(sch, block):
+        return
+    total = 1
+    for e in ext:
+        total *= e
+    last = ext[-1]
+    if last >= lanes and last % lanes == 0:
+        _o, vi = sch.split(loops[-1], [None, lanes])
+        outer = loops[:-1] + [_o] if len(loops) > 1 else [_o]
+    elif 1 < last <= 2 * lanes:
+        vi, outer = loops[-1], loops[:-1]
+    else:
+        vi, outer = None, loops[:-1] if len(loops) > 1 else []
+    if vi is not None:
+        sch.vectorize(vi)
+    if outer and total >= _PARALLEL_MIN_WORK:
+        # the outer loops only: fusing the split outer part too would divide by a non-constant
+        fused = sch.fuse(*outer[:-1]) if len(outer) > 2 else outer[0]
+        if _extent(sch, fused) and _extent(sch, fused) > 1:
+            sch.parallel(fused)
+
+
+def _injective(sch, lanes: int) -> bool:
+    blocks = _blocks(sch)
+    if any("R" in _kinds(sch, b) or "O" in _kinds(sch, b) for b in blocks):
+        return False
+    blocks = _inline_all(sch, blocks, keep=[])
+    for b in blocks:
+        _parallel_vectorize(sch, b, lanes)
+    return True
+
+
+def _outer_parallel(sch, lanes: int) -> bool:
+    done = False
+    for b in _blocks(sch):
+        kinds = _kinds(sch, b)
+        loops = sch.get_loops(b)
+        if "O" in kinds or len(loops) != len(kinds):
+            continue
+        if "R" not in kinds:
+            _parallel_vectorize(sch, b, lanes)
+            done = True
+            continue
+        lead = len(kinds) - len(kinds.lstrip("S"))
+        if lead and _plain_loops(sch, b) is not None:
+            fused = sch.fuse(*loops[:lead]) if lead > 1 else loops[0]
+            ext = _extent(sch, fused)
+            if ext and ext > 1:
+                sch.parallel(fused)
+                done = True
+    return done
