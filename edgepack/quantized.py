@@ -20,14 +20,9 @@ from .errors import UnsupportedOpError
 from .model import LoadedModel, _with
 
 LOWERED = ("DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "com.microsoft.DynamicQuantizeLSTM")
-# quantised ops this module does not lower: refused before any backend tries them
-REFUSED = ("QLinearConv", "QLinearMatMul", "QuantizeLinear", "DequantizeLinear", "MatMulInteger16",
-           "com.microsoft.QLinearAdd", "com.microsoft.QLinearMul", "com.microsoft.QLinearConv",
-           "com.microsoft.QLinearSigmoid", "com.microsoft.QLinearLeakyRelu", "com.microsoft.QLinearConcat",
-           "com.microsoft.QLinearAveragePool", "com.microsoft.QLinearGlobalAveragePool",
-           "com.microsoft.QuantizeLinear", "com.microsoft.DequantizeLinear", "com.microsoft.QAttention",
-           "com.microsoft.QGemm", "com.microsoft.DynamicQuantizeMatMul", "com.microsoft.MatMulIntegerToFloat",
-           "com.microsoft.QOrderedMatMul", "com.microsoft.MatMulNBits")
+# quantised ops this module does not lower (and every QLinear* op): refused before any backend tries them
+REFUSED = frozenset({"QuantizeLinear", "DequantizeLinear", "MatMulInteger16", "QAttention", "QGemm",
+                     "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QOrderedMatMul", "MatMulNBits"})
 
 # ops that only move or select elements: an integer-valued float stays one, same original dtype
 _MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Concat", "Slice",
@@ -46,7 +41,7 @@ def _op(node) -> str:
 def lower_quantized(model: LoadedModel) -> LoadedModel:
     """The model with the handled dynamic-int8 ops lowered to float ops; unchanged without them."""
     ops = model.ops()
-    refused = sorted(op for op in ops if op in REFUSED)
+    refused = sorted(op for op in ops if op.split(".")[-1] in REFUSED or op.split(".")[-1].startswith("QLinear"))
     if refused:
         op = refused[0]
         raise UnsupportedOpError(
@@ -121,9 +116,6 @@ class _Lowering:
 
     # ---- the lowered ops ----
 
-    def dynamic_quantize_linear(self, node) -> None:
-        self.quantise(node.input[0], *node.output)
-
     def quantise(self, x: str, y: str | None = None, scale: str | None = None, zp: str | None = None):
         """DynamicQuantizeLinear's three outputs (y and zp integer-valued float; scale and zp of shape
         [1]), as the ONNX spec (uint8) and onnxruntime's kernel compute them: range widened to include
@@ -187,29 +179,24 @@ class _Lowering:
             z = self.const(self.consts[zp].astype(np.float32).reshape(-1, 1), zp)
         return self.emit("Sub", [xf, z])
 
-    def conv_integer(self, node) -> None:
-        # (x - x_zp) and (w - w_zp) are integers in [-255, 255]: their products and partial sums are
-        # exact in float32 while |sum| < 2^24, which holds for any kernel of <= 258 taps and in practice
-        # far beyond (activations spread around their zero point); beyond it the rounding is 2^-24 relative.
+    def integer_product(self, node) -> None:
+        # ConvInteger/MatMulInteger -> Conv/MatMul on (x - x_zp) and (w - w_zp), integers in [-255, 255]:
+        # their products and partial sums are exact in float32 while |sum| < 2^24, which holds for any
+        # kernel of <= 258 taps and in practice far beyond (activations spread around their zero
+        # point); beyond it the rounding is 2^-24 relative
         ins = list(node.input) + [""] * (4 - len(node.input))
+        conv = node.op_type == "ConvInteger"
         x = self.centred(ins[0], ins[2], axis_last=False)
-        w = self.centred(ins[1], ins[3], axis_last=False)
+        w = self.centred(ins[1], ins[3], axis_last=not conv)
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        self.emit("Conv", [x, w], [node.output[0]], **attrs)
-        self.floated[node.output[0]] = TensorProto.INT32
-
-    def matmul_integer(self, node) -> None:
-        ins = list(node.input) + [""] * (4 - len(node.input))
-        a = self.centred(ins[0], ins[2], axis_last=False)
-        b = self.centred(ins[1], ins[3], axis_last=True)
-        self.emit("MatMul", [a, b], [node.output[0]])
+        self.emit("Conv" if conv else "MatMul", [x, w], [node.output[0]], **attrs)
         self.floated[node.output[0]] = TensorProto.INT32
 
     def dynamic_quantize_lstm(self, node) -> None:
         # com.microsoft.DynamicQuantizeLSTM: W [dirs, input, 4h] and R [dirs, h, 4h] (transposed against
         # ONNX LSTM), quantised per direction: w = (q - zp[d]) * scale[d]. onnxruntime also quantises
         # what it multiplies them with (uint8, dynamic range): X once for the whole sequence, and H
-        # at every step. X is fake-quantised here; H needs the unrolled LSTM (_quantise_recurrence).
+        # at every step. X is fake-quantised here; H needs the unrolled LSTM (quantized_lstm.py).
         ins = list(node.input) + [""] * (12 - len(node.input))
 
         def weight(q, scale, zp):
@@ -268,8 +255,9 @@ class _Lowering:
 def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     """A copy of `proto` with the handled ops lowered; the count of each op lowered."""
     lw = _Lowering(proto)
-    handlers = {"DynamicQuantizeLinear": lw.dynamic_quantize_linear, "ConvInteger": lw.conv_integer,
-                "MatMulInteger": lw.matmul_integer, "com.microsoft.DynamicQuantizeLSTM": lw.dynamic_quantize_lstm}
+    handlers = {"DynamicQuantizeLinear": lambda n: lw.quantise(n.input[0], *n.output),
+                "ConvInteger": lw.integer_product, "MatMulInteger": lw.integer_product,
+                "com.microsoft.DynamicQuantizeLSTM": lw.dynamic_quantize_lstm}
     for node in proto.graph.node:
         op = _op(node)
         handler = handlers.get(op, lw.other)
@@ -300,7 +288,8 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
         del out.opset_import[:]
         out.opset_import.extend(kept)
     if lw.recurrent:
-        out = _quantise_recurrence(out, lw.recurrent, lw.counts)
+        from .quantized_lstm import quantise_recurrence
+        out = quantise_recurrence(out, lw.recurrent, lw.counts)
     return out, lw.counts
 
 
@@ -312,62 +301,3 @@ def _live(nodes, inits, outputs: set[str]):
             keep.append(n)
             need.update(i for i in n.input if i)
     return keep[::-1], [t for t in inits if t.name in need]
-
-
-def _quantise_recurrence(proto: onnx.ModelProto, recurrent: list[np.ndarray], counts: dict) -> onnx.ModelProto:
-    """Unroll the lowered LSTMs (onnx_lstm.decompose) and fake-quantise H before every recurrent
-    MatMul, as onnxruntime's DynamicQuantizeLSTM quantises it at every step: without it the CRNN of
-    the corpus (ddddocr_old_int8) is 1% of scale off, with it 1e-6. An LSTM that cannot be unrolled
-    (dynamic sequence length) stays whole, and a count says so."""
-    from . import onnx_lstm
-    inferred = onnx.shape_inference.infer_shapes(proto)   # decompose needs the static sequence length
-    unrolled = onnx_lstm.decompose(inferred)
-    del unrolled.graph.value_info[:]
-    inits = {t.name: t for t in unrolled.graph.initializer}
-    wanted = [r[d].T for r in recurrent for d in range(r.shape[0])]   # decompose's [H, 4H] constants
-    rec_names = {name for name, t in inits.items() if len(t.dims) == 2 and tuple(t.dims) == wanted[0].shape
-                 and any(np.array_equal(numpy_helper.to_array(t), w) for w in wanted)}
-    lw = _Lowering(unrolled, infer=False, tag="lh")
-    shapes = _static_shapes(unrolled)
-    steps, time_major = 0, {}
-    for node in unrolled.graph.node:
-        if node.op_type == "MatMul" and node.input[1] in rec_names:
-            node.input[0] = lw.fake_quantise(node.input[0])
-            steps += 1
-        lw.nodes.extend(_batch_axis_free(lw, node, shapes, time_major))
-    counts["recurrent steps quantised"] = steps
-    counts["LSTM left whole"] = sum(n.op_type == "LSTM" for n in lw.nodes)
-    nodes, kept = _live(lw.nodes, list(unrolled.graph.initializer) + lw.inits, {o.name for o in unrolled.graph.output})
-    del unrolled.graph.node[:], unrolled.graph.initializer[:]
-    unrolled.graph.node.extend(nodes)
-    unrolled.graph.initializer.extend(kept)
-    return unrolled
-
-
-def _static_shapes(proto) -> dict[str, tuple]:
-    g = onnx.shape_inference.infer_shapes(proto).graph
-    return {v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim)
-            for v in list(g.value_info) + list(g.input) + list(g.output) if v.type.tensor_type.HasField("shape")}
-
-
-def _batch_axis_free(lw: _Lowering, node, shapes: dict, time_major: dict) -> list:
-    """The unrolled LSTM slices its steps off axis 0 of [T, 1, K] and concatenates them back there;
-    pnnx takes axis 0 for the batch, which ncnn cannot slice or concatenate (pnnx writes a Slice
-    that ncnn refuses to load). With batch 1 the steps lie along axis 1 of [1, T, K] as well: the
-    nodes that replace `node`, with the steps moved there."""
-    if node.op_type == "Slice" and len(node.input) >= 4 and node.input[3] in lw.consts:
-        shape = shapes.get(node.input[0], ())
-        if lw.consts[node.input[3]].reshape(-1).tolist() == [0] and len(shape) == 3 and shape[1] == 1:
-            if node.input[0] not in time_major:
-                dims = lw.shape_const((1, shape[0], shape[2]))
-                time_major[node.input[0]] = lw.emit("Reshape", [node.input[0], dims])
-            node.input[0] = time_major[node.input[0]]
-            node.input[3] = lw.shape_const((1,))
-    elif node.op_type == "Concat" and helper.get_attribute_value(node.attribute[0]) == 0:
-        parts = [shapes.get(i, ()) for i in node.input]
-        out = node.output[0]
-        if parts and all(len(p) == 3 and p[:2] == (1, 1) for p in parts) and len(shapes.get(out, ())) == 3:
-            node.output[0] = lw.name(out)
-            node.attribute[0].i = 1
-            return [node, helper.make_node("Reshape", [node.output[0], lw.shape_const(shapes[out])], [out])]
-    return [node]

@@ -24,7 +24,10 @@ def quantised_cnn(tmp: Path) -> Path:
     weights: onnxruntime's AVX2 u8s8 GEMM may saturate int16 pair sums, u8u8 is exact)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
     rng = np.random.default_rng(5)
-    f32 = lambda name, *s: numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), name)  # noqa: E731
+
+    def f32(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
     nodes = [helper.make_node("Conv", ["x", "cw", "cb"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Sigmoid", ["c"], ["sg"]), helper.make_node("Mul", ["c", "sg"], ["a"]),
              helper.make_node("Conv", ["a", "cw2", "cb2"], ["c2"], group=2),

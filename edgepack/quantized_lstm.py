@@ -1,0 +1,72 @@
+"""DynamicQuantizeLSTM's per-step quantisation of H, for edgepack/quantized.py.
+
+onnxruntime's DynamicQuantizeLSTM quantises H (uint8, dynamic range) before every recurrent GEMM;
+a whole ONNX LSTM cannot, so the lowered LSTM is unrolled (onnx_lstm.decompose) and H is
+fake-quantised before each step's recurrent MatMul.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from . import onnx_lstm
+from .quantized import _live, _Lowering
+
+
+def quantise_recurrence(proto: onnx.ModelProto, recurrent: list[np.ndarray], counts: dict) -> onnx.ModelProto:
+    """Unroll the lowered LSTMs (onnx_lstm.decompose) and fake-quantise H before every recurrent
+    MatMul, as onnxruntime's DynamicQuantizeLSTM quantises it at every step: without it the CRNN of
+    the corpus (ddddocr_old_int8) is 1% of scale off, with it 1e-6. An LSTM that cannot be unrolled
+    (dynamic sequence length) stays whole, and a count says so."""
+    inferred = onnx.shape_inference.infer_shapes(proto)   # decompose needs the static sequence length
+    unrolled = onnx_lstm.decompose(inferred)
+    del unrolled.graph.value_info[:]
+    inits = {t.name: t for t in unrolled.graph.initializer}
+    wanted = [r[d].T for r in recurrent for d in range(r.shape[0])]   # decompose's [H, 4H] constants
+    rec_names = {name for name, t in inits.items() if len(t.dims) == 2 and tuple(t.dims) == wanted[0].shape
+                 and any(np.array_equal(numpy_helper.to_array(t), w) for w in wanted)}
+    lw = _Lowering(unrolled, infer=False, tag="lh")
+    shapes = _static_shapes(unrolled)
+    steps, time_major = 0, {}
+    for node in unrolled.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in rec_names:
+            node.input[0] = lw.fake_quantise(node.input[0])
+            steps += 1
+        lw.nodes.extend(_batch_axis_free(lw, node, shapes, time_major))
+    counts["recurrent steps quantised"] = steps
+    counts["LSTM left whole"] = sum(n.op_type == "LSTM" for n in lw.nodes)
+    nodes, kept = _live(lw.nodes, list(unrolled.graph.initializer) + lw.inits, {o.name for o in unrolled.graph.output})
+    del unrolled.graph.node[:], unrolled.graph.initializer[:]
+    unrolled.graph.node.extend(nodes)
+    unrolled.graph.initializer.extend(kept)
+    return unrolled
+
+
+def _static_shapes(proto) -> dict[str, tuple]:
+    g = onnx.shape_inference.infer_shapes(proto).graph
+    return {v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim)
+            for v in list(g.value_info) + list(g.input) + list(g.output) if v.type.tensor_type.HasField("shape")}
+
+
+def _batch_axis_free(lw: _Lowering, node, shapes: dict, time_major: dict) -> list:
+    """The unrolled LSTM slices its steps off axis 0 of [T, 1, K] and concatenates them back there;
+    pnnx takes axis 0 for the batch, which ncnn cannot slice or concatenate (pnnx writes a Slice
+    that ncnn refuses to load). With batch 1 the steps lie along axis 1 of [1, T, K] as well: the
+    nodes that replace `node`, with the steps moved there."""
+    if node.op_type == "Slice" and len(node.input) >= 4 and node.input[3] in lw.consts:
+        shape = shapes.get(node.input[0], ())
+        if lw.consts[node.input[3]].reshape(-1).tolist() == [0] and len(shape) == 3 and shape[1] == 1:
+            if node.input[0] not in time_major:
+                dims = lw.shape_const((1, shape[0], shape[2]))
+                time_major[node.input[0]] = lw.emit("Reshape", [node.input[0], dims])
+            node.input[0] = time_major[node.input[0]]
+            node.input[3] = lw.shape_const((1,))
+    elif node.op_type == "Concat" and helper.get_attribute_value(node.attribute[0]) == 0:
+        parts = [shapes.get(i, ()) for i in node.input]
+        out = node.output[0]
+        if parts and all(len(p) == 3 and p[:2] == (1, 1) for p in parts) and len(shapes.get(out, ())) == 3:
+            node.output[0] = lw.name(out)
+            node.attribute[0].i = 1
+            return [node, helper.make_node("Reshape", [node.output[0], lw.shape_const(shapes[out])], [out])]
+    return [node]
