@@ -7,6 +7,11 @@ thread, the same seeded input, alternating, median of --runs processes (timed by
 own start-up, ~1 ms, is included). The model's need is
 weights + 2 x largest activation + 8 MB (weights: the bytes embedded in the artifact; activation: the
 largest fp32 tensor of the shape-inferred graph); the report divides peak RSS by it (goal <= 1.0).
+Latency, side by side: the artifact's own `bench` (1 thread) against an onnxruntime session in this
+process on the same input, alternating rounds, best round's median of each.
+
+--switches runs the artifact with EDGEPACK_NCNN_OPTIONS set (the NCNN engine's measuring switches,
+runtimes/ncnn/ep_engine_ncnn.c), e.g. `pool=local` for ncnn's own pools, `winograd=0`.
 
 Usage: python3 bench/bench_memory.py ARTIFACT MODEL.onnx [--input-shape NAME=1x3x320x320] [--runs 5] [--json FILE]
        python3 bench/bench_memory.py --corpus nudenet_320n,ppocr_cls [--out DIR]   (builds them first)
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,7 +42,7 @@ for out, v in zip(s.get_outputs(), s.run(None, feeds)):
 """
 
 
-def measure(cmd: list[str]) -> tuple[float, int]:
+def measure(cmd: list[str], env: dict | None = None) -> tuple[float, int]:
     """(wall ms from exec to exit, peak RSS in KiB) of one process, through /usr/bin/time: the rusage of
     a child that Python starts itself is no good, as Linux carries the launcher's (Python's ~120 MB)
     peak over exec into the child's ru_maxrss; time(1) is a small process, so its child's figure is
@@ -44,7 +50,7 @@ def measure(cmd: list[str]) -> tuple[float, int]:
     with tempfile.NamedTemporaryFile("r", suffix=".time") as rep:
         t0 = time.perf_counter()
         proc = subprocess.run([TIME, "-f", "%e %M", "-o", rep.name, *cmd], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, env=env)
         ms = (time.perf_counter() - t0) * 1e3  # time(1)'s own %e has 10 ms steps
         if proc.returncode != 0:
             raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}): {proc.stderr[-300:]}")
@@ -67,7 +73,31 @@ def need_bytes(model_path: Path, shapes: dict, weight_bytes: int) -> tuple[int, 
     return weight_bytes + 2 * largest + 8 * 2**20, largest
 
 
-def side_by_side(artifact: Path, model: Path, shapes: dict, runs: int) -> dict:
+def latency(artifact: Path, model: Path, feeds: dict, env: dict | None, rounds: int = 3,
+            runs: int = 20) -> tuple[float, float]:
+    """(artifact's median ms, onnxruntime's median ms), best of `rounds` alternating rounds, 1 thread."""
+    import onnxruntime as ort
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = o.inter_op_num_threads = 1
+    o.log_severity_level = 3
+    sess = ort.InferenceSession(str(model), o, providers=["CPUExecutionProvider"])
+    ours, theirs = [], []
+    for _ in range(rounds):
+        out = subprocess.run([str(artifact), "bench", "--runs", str(runs), "--warmup", "3", "--threads", "1", "--json"],
+                             capture_output=True, text=True, check=True, env=env, timeout=600)
+        ours.append(json.loads(out.stdout)["median_ms"])
+        for _ in range(3):
+            sess.run(None, feeds)
+        ts = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            sess.run(None, feeds)
+            ts.append((time.perf_counter() - t0) * 1e3)
+        theirs.append(statistics.median(ts))
+    return min(ours), min(theirs)
+
+
+def side_by_side(artifact: Path, model: Path, shapes: dict, runs: int, switches: str = "") -> dict:
     import numpy as np
     from edgepack.model import fix_input_shapes, load_model
     from edgepack.reference import random_inputs
@@ -89,11 +119,13 @@ def side_by_side(artifact: Path, model: Path, shapes: dict, runs: int) -> dict:
             ours += ["--input", f"{name}={f}"]
         (tmp / "ort").mkdir()
         theirs = [sys.executable, "-c", ORT_SCRIPT, str(model), str(tmp / "ort"), *[str(f) for _, f in files]]
-        measure(ours), measure(theirs)  # page cache warm for both: cold start of the process, not the disk
+        env = dict(os.environ, EDGEPACK_NCNN_OPTIONS=switches) if switches else None
+        measure(ours, env), measure(theirs)  # page cache warm for both: cold start of the process, not the disk
         a, b = [], []
         for _ in range(runs):
-            a.append(measure(ours))
+            a.append(measure(ours, env))
             b.append(measure(theirs))
+        ms, ort_ms = latency(artifact, model, inputs, env)
     need, act = need_bytes(model, shapes, weight_bytes)
     rss = statistics.median(r for _, r in a) * 1024
     return {"artifact": artifact.name, "backend": manifest.get("backend", {}).get("name"),
@@ -101,10 +133,11 @@ def side_by_side(artifact: Path, model: Path, shapes: dict, runs: int) -> dict:
             "need_bytes": need, "cold_start_ms": round(statistics.median(t for t, _ in a), 1),
             "peak_rss_mib": round(rss / 2**20, 1), "rss_over_need": round(rss / need, 2),
             "onnxruntime_cold_start_ms": round(statistics.median(t for t, _ in b), 1),
-            "onnxruntime_peak_rss_mib": round(statistics.median(r for _, r in b) / 1024, 1)}
+            "onnxruntime_peak_rss_mib": round(statistics.median(r for _, r in b) / 1024, 1),
+            "switches": switches, "latency_ms": round(ms, 2), "onnxruntime_latency_ms": round(ort_ms, 2)}
 
 
-def corpus_rows(names: list[str], out: Path, runs: int) -> list[dict]:
+def corpus_rows(names: list[str], out: Path, runs: int, switches: str = "") -> list[dict]:
     sys.path.insert(0, str(REPO / "bench"))
     import corpus
     entries = {e.name: e for e in corpus.load_table()}
@@ -119,13 +152,13 @@ def corpus_rows(names: list[str], out: Path, runs: int) -> list[dict]:
                 rows.append({"artifact": name, "error": str(doc)[:300]})
                 continue
         from edgepack.model import parse_shape_args
-        rows.append({"model": name} | side_by_side(artifact, model, parse_shape_args(list(e.shapes)), runs))
+        rows.append({"model": name} | side_by_side(artifact, model, parse_shape_args(list(e.shapes)), runs, switches))
         print(format_row(rows[-1]), flush=True)
     return rows
 
 
 HEAD = (f"{'model':<16} {'backend':<9} {'weights MB':>10} {'act MB':>7} {'start ms':>9} {'ort ms':>8} "
-        f"{'RSS MiB':>8} {'ort MiB':>8} {'RSS/need':>9}")
+        f"{'RSS MiB':>8} {'ort MiB':>8} {'RSS/need':>9} {'run ms':>7} {'ort run':>7}")
 
 
 def format_row(r: dict) -> str:
@@ -133,7 +166,8 @@ def format_row(r: dict) -> str:
         return f"{r['artifact']:<16} error: {r['error']}"
     return (f"{r.get('model', r['artifact']):<16} {r['backend'] or '-':<9} {r['weight_bytes'] / 1e6:>10.2f} "
             f"{r['largest_activation'] / 1e6:>7.2f} {r['cold_start_ms']:>9.1f} {r['onnxruntime_cold_start_ms']:>8.1f} "
-            f"{r['peak_rss_mib']:>8.1f} {r['onnxruntime_peak_rss_mib']:>8.1f} {r['rss_over_need']:>9.2f}")
+            f"{r['peak_rss_mib']:>8.1f} {r['onnxruntime_peak_rss_mib']:>8.1f} {r['rss_over_need']:>9.2f} "
+            f"{r['latency_ms']:>7.1f} {r['onnxruntime_latency_ms']:>7.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,14 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="artifact folder for --corpus (default: temporary)")
     ap.add_argument("--runs", type=int, default=5, help="processes per side (median)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    ap.add_argument("--switches", default="", metavar="K=V,...",
+                    help="run the artifact with EDGEPACK_NCNN_OPTIONS=K=V,... (e.g. pool=local: ncnn's own pools)")
     a = ap.parse_args(argv)
     from edgepack.model import parse_shape_args
     print(HEAD, flush=True)
     if a.corpus:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = corpus_rows([n for n in a.corpus.split(",") if n], a.out or Path(tmp), a.runs)
+            rows = corpus_rows([n for n in a.corpus.split(",") if n], a.out or Path(tmp), a.runs, a.switches)
     elif a.artifact and a.model:
-        rows = [side_by_side(a.artifact, a.model, parse_shape_args(a.input_shape), a.runs)]
+        rows = [side_by_side(a.artifact, a.model, parse_shape_args(a.input_shape), a.runs, a.switches)]
         print(format_row(rows[0]))
     else:
         ap.error("give ARTIFACT MODEL or --corpus")

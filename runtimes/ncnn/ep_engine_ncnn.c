@@ -21,6 +21,8 @@
 
 #include "ncnn/c_api.h"
 
+ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_pool.cc */
+
 typedef struct {
     const ep_model_spec *spec;
     ncnn_net_t net;
@@ -141,8 +143,9 @@ static void trace(const char *stage) {
 }
 
 /* ncnn's x86/Arm switches, from a comma-separated "key=value" list: winograd, sgemm, packing,
- * fp16 (storage), 0 or 1; pool=local (ncnn's per-net pools, its default), shared (one PoolAllocator
- * each for blobs and workspace), unlocked (UnlockedPoolAllocator), none (plain malloc). Read from
+ * fp16 (storage), 0 or 1; pool=best<N> (ep_ncnn_pool.cc; best100 is the engine's default), local
+ * (ncnn's own per-net first-fit pools, ncnn's default), shared (one PoolAllocator
+ * each for blobs and workspace), one (a single PoolAllocator for both), unlocked (UnlockedPoolAllocator), none (plain malloc). Read from
  * EDGEPACK_NCNN_OPTIONS, for measuring where time and memory go (bench/bench_memory.py --switches):
  * the build verified the artifact with ncnn's defaults, and these switches change the kernels and so
  * the rounding, so they are a measuring tool, not a way to run an artifact in production. */
@@ -168,18 +171,35 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
             ncnn_option_set_use_fp16_storage(e->opt, on);
             ncnn_option_set_use_fp16_packed(e->opt, on);
         } else if (strcmp(k, "pool") == 0) {
-            int shared = strcmp(v, "shared") == 0, unlocked = strcmp(v, "unlocked") == 0;
-            if (!shared && !unlocked && strcmp(v, "local") != 0 && strcmp(v, "none") != 0)
-                return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: pool=%s: local, shared, unlocked or none", v);
+            int shared = strcmp(v, "shared") == 0, unlocked = strcmp(v, "unlocked") == 0, one = strcmp(v, "one") == 0;
+            int best = strncmp(v, "best", 4) == 0;
+            unsigned slack = 100;  /* best<N>: a cached buffer serves requests down to 1/(1+N%) of its size */
+            if (best && v[4]) {
+                char *end_n;
+                unsigned long n = strtoul(v + 4, &end_n, 10);
+                if (*end_n || n > 1000) best = 0; else slack = (unsigned)n;
+            }
+            if (!shared && !unlocked && !one && !best && strcmp(v, "local") != 0 && strcmp(v, "none") != 0)
+                return ep_fail(st, EP_ERR_MODEL,
+                               "EDGEPACK_NCNN_OPTIONS: pool=%s: best, local, shared, one, unlocked or none", v);
             ncnn_option_set_use_local_pool_allocator(e->opt, strcmp(v, "local") == 0);
-            if ((shared || unlocked) && !e->blob_alloc) {
-                e->blob_alloc = shared ? ncnn_allocator_create_pool_allocator()
-                                       : ncnn_allocator_create_unlocked_pool_allocator();
-                e->work_alloc = shared ? ncnn_allocator_create_pool_allocator()
-                                       : ncnn_allocator_create_unlocked_pool_allocator();
-                if (!e->blob_alloc || !e->work_alloc) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+            if (e->blob_alloc) {  /* a second pool= replaces the first */
+                ncnn_option_set_blob_allocator(e->opt, NULL);
+                ncnn_option_set_workspace_allocator(e->opt, NULL);
+                ncnn_allocator_destroy(e->blob_alloc);
+                if (e->work_alloc) ncnn_allocator_destroy(e->work_alloc);
+                e->blob_alloc = e->work_alloc = NULL;
+            }
+            if (best) one = 1;
+            if (shared || unlocked || one) {
+                e->blob_alloc = best       ? ep_ncnn_best_fit_pool_create(slack)
+                                : unlocked ? ncnn_allocator_create_unlocked_pool_allocator()
+                                           : ncnn_allocator_create_pool_allocator();
+                e->work_alloc = one ? NULL : unlocked ? ncnn_allocator_create_unlocked_pool_allocator()
+                                                      : ncnn_allocator_create_pool_allocator();
+                if (!e->blob_alloc || (!one && !e->work_alloc)) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
                 ncnn_option_set_blob_allocator(e->opt, e->blob_alloc);
-                ncnn_option_set_workspace_allocator(e->opt, e->work_alloc);
+                ncnn_option_set_workspace_allocator(e->opt, one ? e->blob_alloc : e->work_alloc);
             }
         } else {
             return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: unknown switch '%s' (winograd, sgemm, "
@@ -221,7 +241,10 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
      * unless the build verified it ("1"), or this option is absent (artifacts built before it). */
     if (strcmp(ep_option_get(spec, "ncnn.fp16_arithmetic", "1"), "0") == 0)
         ncnn_option_set_use_fp16_arithmetic(e->opt, 0);
-    int swrc = apply_switches(e, getenv("EDGEPACK_NCNN_OPTIONS"), st);
+    /* ep_ncnn_pool.cc's best-fit pool for blobs and workspace instead of ncnn's first-fit local
+     * pools: same speed, peak RSS 59 -> 45.6 MB on ppocr_v4_det (docs/benchmarks.md, memory) */
+    int swrc = apply_switches(e, "pool=best100", st);
+    if (!swrc) swrc = apply_switches(e, getenv("EDGEPACK_NCNN_OPTIONS"), st);
     if (swrc) {
         ncnn_close(e);
         return swrc;

@@ -61,7 +61,7 @@ class NcnnBackend:
             options[f"ncnn.out_batch.{i}"] = b
         return EngineBuild(
             backend=self.name,
-            sources=(runtimes_dir() / "ncnn" / "ep_engine_ncnn.c",),
+            sources=(runtimes_dir() / "ncnn" / "ep_engine_ncnn.c", runtimes_dir() / "ncnn" / "ep_ncnn_pool.cc"),
             include_dirs=(lib.include,),
             link_inputs=(layer_obj, lib.lib),
             model_blobs=(converted.param, converted.bin),
