@@ -6,6 +6,9 @@ the gates with Sigmoid/Tanh/Mul/Add on [1, batch, H] tensors. Weights must be co
 after simplification); the sequence length must be static. A node this cannot rewrite exactly
 (sequence_lens that vary, layout 1, input_forget, activations with alpha/beta) is left alone and
 `refusals` says why, so callers report it as an unsupported op instead of building something wrong.
+Users: the TVM backend (compile.import_onnx; ops.DECOMPOSED) and quantized.py, which finds each
+step's recurrent MatMul by its constant R^T ([H, gates*H] per direction) and the steps as Slices
+on axis 0 of [T, batch, K]: keep that shape of the output when changing this module.
 """
 from __future__ import annotations
 
