@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from clirun import run_edgepack
 from edgepack.runner import run_artifact
 
-T = 6  # sequence length
+T = 4  # sequence length (each step is unrolled: short keeps the TVM build quick)
 
 
 def _init(rng, name: str, shape, scale=0.4):
@@ -133,3 +133,30 @@ def test_auto_places_the_lstm(tmp_path):
     err = _check_run(art, model, tmp_path, seed=22)
     print(f"auto conv+LSTM: {res['backend']}, built and checked in {time.monotonic() - t0:.0f} s, "
           f"max error {err:.2e}")
+
+
+def test_an_lstm_ncnn_cannot_load_goes_to_tvm_alone(tmp_path):
+    """When pnnx leaves an LSTM ncnn cannot load, the split cuts that node out to TVM (the leftover
+    probe's `force`): the plan now has a TVM segment of just the LSTM (before, no plan: TVM could not
+    build it either). Its segments run in sequence, the TVM one as TVM gets it (unrolled), give the
+    whole graph's answers."""
+    from edgepack.model import load_model, simplify
+    from edgepack.onnx_lstm import decompose
+    from edgepack.partition_build import plan_for
+    from edgepack.targets import TargetMatrix
+    model = simplify(load_model(conv_lstm_conv(tmp_path / "conv_lstm.onnx")))
+    p = plan_for(model, TargetMatrix.load().get("x86_64"), force={"lstm": "tvm"})
+    assert p is not None and p.backends == ("ncnn", "tvm", "ncnn"), p and p.describe()
+    assert p.segments[1].ops == ("LSTM",)
+    rng = np.random.default_rng(23)
+    feeds = {s.name: rng.standard_normal(s.shape).astype(np.float32) for s in model.inputs}
+    values = dict(feeds)
+    for seg in p.segments:
+        m = decompose(seg.model) if seg.backend == "tvm" else seg.model
+        assert seg.backend != "tvm" or not any(n.op_type == "LSTM" for n in m.graph.node)
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        values.update(zip([o.name for o in sess.get_outputs()],
+                          sess.run(None, {i.name: values[i.name] for i in sess.get_inputs()})))
+    sess = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for o, want in zip(sess.get_outputs(), sess.run(None, feeds)):
+        np.testing.assert_allclose(values[o.name], want, rtol=0, atol=1e-5)
