@@ -2,9 +2,10 @@
 
 For backends that refuse the recurrent ops (TVM 0.27's relax importer has neither): the input
 projection of every time step is one MatMul, then each step adds the recurrent MatMul and applies
-the gates with Sigmoid/Tanh/Mul/Add on [1, batch, H] tensors. Weights must be constants (they are
-after simplification); the sequence length must be static. A node this cannot rewrite exactly
-(sequence_lens that vary, layout 1, input_forget, activations with alpha/beta) is left alone and
+the gates with Sigmoid/Tanh/Mul/Add on [1, batch, H] tensors. Constant weights (the usual case after
+simplification) are pre-transposed and the biases folded into one; weights fed as graph inputs are
+sliced and transposed in the graph. The sequence length must be static. A node this cannot rewrite
+exactly (sequence_lens that vary, layout 1, input_forget, activations with alpha/beta) is left alone and
 `refusals` says why, so callers report it as an unsupported op instead of building something wrong.
 Users: the TVM backend (compile.import_onnx; ops.DECOMPOSED) and quantized.py, which finds each
 step's recurrent MatMul by its constant R^T ([H, gates*H] per direction) and the steps as Slices
@@ -34,7 +35,8 @@ def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return out
 
 
-def _shapes(model: onnx.ModelProto) -> dict[str, list]:
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple[list, object]]:
+    """tensor -> (dims, None where unknown; numpy dtype)"""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # an uninferable graph: the static-length check below refuses
@@ -42,8 +44,10 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list]:
     g = inferred.graph
     out = {}
     for v in list(g.input) + list(g.value_info) + list(g.output):
-        if v.type.tensor_type.HasField("shape"):
-            out[v.name] = [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        tt = v.type.tensor_type
+        if tt.HasField("shape"):
+            out[v.name] = ([d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim],
+                           helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.dtype(np.float32))
     return out
 
 
@@ -64,12 +68,7 @@ def refusal(node, consts: dict, shapes: dict) -> str | None:
     acts = [s.decode() if isinstance(s, bytes) else s for s in a.get("activations", [])]
     if any(x not in _PLAIN for x in acts):
         return f"activations {acts} (only {sorted(_PLAIN)} are decomposed)"
-    for i, what in ((1, "W"), (2, "R"), (3, "B")):
-        if ins[i] and ins[i] not in consts:
-            return f"its {what} input is not a constant"
-    if node.op_type == "LSTM" and ins[7] and ins[7] not in consts:
-        return "its peephole input P is not a constant"
-    x = shapes.get(ins[0])
+    x = shapes.get(ins[0], (None, None))[0]
     if not x or len(x) != 3 or x[0] is None:
         return "its sequence length is not static (fix the input shapes)"
     if ins[4]:
@@ -132,23 +131,43 @@ def _direction(e: _Emitter, node, d: int, reverse: bool, consts: dict, seq: int,
     g = _GATES[node.op_type]
     clip = a.get("clip")
     f, gg, hh = acts[0], acts[1], acts[2] if lstm else None
-    w = consts[ins[1]][d].astype(e.dtype)            # [g*H, in]
-    r = consts[ins[2]][d].astype(e.dtype)            # [g*H, H]
-    b = consts[ins[3]][d].astype(e.dtype) if ins[3] else np.zeros(2 * g * hs, e.dtype)
-    wb, rb = b[:g * hs], b[g * hs:]
     lbr = bool(a.get("linear_before_reset", 0))
+    split_h = not lstm and not lbr   # GRU without lbr multiplies r * H before R_h
+
+    def mat(i: int, lo: int, hi: int, hint: str) -> str:
+        """Rows lo:hi of input i's direction d, transposed: a constant [K, n], or [1, K, n] from graph
+        inputs (weights fed at run time: MatMul broadcasts the leading 1)."""
+        if ins[i] in consts:
+            return e.const(consts[ins[i]][d][lo:hi].astype(e.dtype).T, hint)
+        return e.op("Transpose", [e.slice(e.slice(ins[i], 0, d, d + 1), 1, lo, hi)], perm=[0, 2, 1])
+
+    def vec(i: int, lo: int, hi: int, hint: str) -> str:
+        if ins[i] in consts:
+            return e.const(consts[ins[i]][d][lo:hi].astype(e.dtype), hint)
+        return e.slice(e.slice(ins[i], 0, d, d + 1), 1, lo, hi)         # [1, n]
+
+    xw = e.op("MatMul", [ins[0], mat(1, 0, g * hs, "W")])
     # every bias folds into the input projection except GRU's Rbh under linear_before_reset,
     # which sits inside r * (H R_h^T + Rbh)
-    folded = wb + (np.concatenate([rb[:2 * hs], np.zeros(hs, e.dtype)]) if lbr and not lstm else rb)
-    xw = e.op("Add", [e.op("MatMul", [ins[0], e.const(w.T, "W")]), e.const(folded, "Wb")])
+    rb_out = 2 * hs if lbr and not lstm else g * hs                       # Rb entries folded
+    if ins[3] in consts:
+        b = consts[ins[3]][d].astype(e.dtype)
+        folded = b[:g * hs].copy()
+        folded[:rb_out] += b[g * hs:g * hs + rb_out]
+        xw = e.op("Add", [xw, e.const(folded, "Wb")])
+    elif ins[3]:
+        rbv = vec(3, g * hs, g * hs + rb_out, "Rb")
+        if rb_out < g * hs:
+            rbv = e.op("Concat", [rbv, e.const(np.zeros((1, hs), e.dtype), "zero")], axis=1)
+        xw = e.op("Add", [e.op("Add", [xw, vec(3, 0, g * hs, "Wb")]), rbv])
     h = e.slice(ins[5], 0, d, d + 1) if ins[5] else None     # [1, batch, H]
     c = e.slice(ins[6], 0, d, d + 1) if lstm and ins[6] else None
-    p = consts[ins[7]][d].astype(e.dtype) if lstm and ins[7] else None
-    peep = [e.const(p[k * hs:(k + 1) * hs], "P") for k in range(3)] if p is not None else None
-    split_h = not lstm and not lbr   # GRU without lbr multiplies r * H before R_h
-    rt = e.const((r[:2 * hs] if split_h else r).T, "R")      # [H, g*H] (GRU: [H, 2H] for z, r)
-    rh = e.const(r[2 * hs:].T, "Rh") if split_h else None
-    rbh = e.const(rb[2 * hs:], "Rbh") if not lstm and lbr else None
+    peep = [vec(7, k * hs, (k + 1) * hs, "P") for k in range(3)] if lstm and ins[7] else None
+    rt = mat(2, 0, 2 * hs if split_h else g * hs, "R")          # [H, g*H] (GRU: [H, 2H] for z, r)
+    rh = mat(2, 2 * hs, 3 * hs, "Rh") if split_h else None
+    rbh = None
+    if not lstm and lbr:
+        rbh = vec(3, 5 * hs, 6 * hs, "Rbh") if ins[3] else e.const(np.zeros(hs, e.dtype), "Rbh")
     steps = range(seq - 1, -1, -1) if reverse else range(seq)
     out = {}
     for t in steps:
@@ -205,9 +224,9 @@ def _rewrite(model: onnx.ModelProto, node, consts: dict, shapes: dict, taken: se
     while any(t.startswith(prefix + "/") for t in taken):
         k += 1
         prefix = f"{base}{k}"
-    dtype = consts[node.input[1]].dtype
+    dtype = consts[node.input[1]].dtype if node.input[1] in consts else shapes[node.input[0]][1]
     e = _Emitter(prefix, _opset(model), dtype)
-    seq = shapes[node.input[0]][0]
+    seq = shapes[node.input[0]][0][0]
     ys, hns, cns = [], [], []
     for d, rev in enumerate(dirs):
         hs_t, h, c = _direction(e, node, d, rev, consts, seq, acts[d * n_act:(d + 1) * n_act])

@@ -10,7 +10,9 @@ from edgepack.onnx_lstm import decompose, refusals
 SEQ, BATCH, IN, H = 5, 2, 3, 4
 
 
-def _model(op, direction="forward", state=True, peep=False, clip=None, lbr=0, opset=17, bias=True, ys=True):
+def _model(op, direction="forward", state=True, peep=False, clip=None, lbr=0, opset=17, bias=True, ys=True,
+           fed=False):
+    """fed: the weights are graph inputs (as in ONNX's own conformance cases), not initializers."""
     nd = 2 if direction == "bidirectional" else 1
     g = 4 if op == "LSTM" else 3
     rng = np.random.default_rng(7)
@@ -39,11 +41,15 @@ def _model(op, direction="forward", state=True, peep=False, clip=None, lbr=0, op
     node = helper.make_node(op, ins, outs, name="rnn", **attrs)
     shapes = {"Y": [SEQ, nd, BATCH, H], "Y_h": [nd, BATCH, H], "Y_c": [nd, BATCH, H]}
     graph_out = [helper.make_tensor_value_info(o, TensorProto.FLOAT, shapes[o]) for o in outs if o]
+    if fed:
+        graph_in += [helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims)) for t in inits]
+        feeds = {t.name: numpy_helper.to_array(t) for t in inits}
+        inits = []
     m = helper.make_model(helper.make_graph([node], "g", graph_in, graph_out, inits),
                           opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     onnx.checker.check_model(m)
-    return m
+    return (m, feeds) if fed else m
 
 
 def _run(m, feeds):
@@ -51,10 +57,10 @@ def _run(m, feeds):
     return s.run(None, feeds)
 
 
-def _check(m):
+def _check(m, fed=None):
     rng = np.random.default_rng(3)
     feeds = {i.name: rng.normal(0, 1, [d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-             for i in m.graph.input}
+             for i in m.graph.input} | (fed or {})
     d = decompose(m)
     onnx.checker.check_model(d)
     assert not any(n.op_type in ("LSTM", "GRU") for n in d.graph.node)
@@ -81,6 +87,12 @@ def test_lstm_peepholes_clip_no_bias_old_opset():
 @pytest.mark.parametrize("state", [True, False])
 def test_gru_matches_onnxruntime(direction, lbr, state):
     _check(_model("GRU", direction, state, lbr=lbr))
+
+
+@pytest.mark.parametrize("op,lbr", [("LSTM", 0), ("GRU", 0), ("GRU", 1)])
+def test_weights_fed_as_inputs(op, lbr):
+    _check(*_model(op, "bidirectional", True, peep=op == "LSTM", lbr=lbr, fed=True))
+    _check(*_model(op, "reverse", False, lbr=lbr, bias=False, fed=True))
 
 
 def test_refused_nodes_are_left_and_named():
