@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                   + "  |  " + ", ".join(f"{k} {r:.2f}x" for k, r in row["ratio"][str(t)].items())
                   + f"  |  build s {row['build_s']}", flush=True)
         report["models"][name] = row
+        if args.json:  # after every model: a long run cut short still leaves its rows
+            args.json.write_text(json.dumps(report, indent=1))
     for t in threads:
         for label in ("before", "after"):
             rs = [m["ratio"][str(t)][label] for m in report["models"].values() if label in m["ratio"].get(str(t), {})]

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-# a parallel loop with less work than this (multiply-adds or elements) costs more in thread
-# wake-ups than it saves
-_PARALLEL_MIN_WORK = 1 << 14
+# a parallel loop with less work than this (multiply-adds or elements; ~10-20 us on one core)
+# costs more in thread wake-ups than it saves, and far more on a loaded machine, where a
+# descheduled worker stalls every parallel region (measured: a small OCR classifier with 1<<14
+# here ran 1.6 ms on 1 thread and 165 ms on 2 threads next to other jobs)
+_PARALLEL_MIN_WORK = 1 << 17
 # register-tile rows tried for the reuse axis, best first (rows x one vector of accumulators stays
 # within the 16 vector registers of AVX2/NEON with room for the loaded operands)
 _ROW_TILES = (8, 6, 4, 3, 2)
@@ -230,7 +232,7 @@ def _tile_reduction(sch, lanes: int) -> bool:
     if not epilogue:
         # writing straight into the function's output: accumulate in a per-tile buffer instead
         epilogue = [sch.cache_write(main, 0, "global")]
-    width = ext[vec] if ext[vec] <= lanes else _divisor(ext[vec], 2 * lanes)
+    width = ext[vec] if ext[vec] <= lanes else _divisor(ext[vec], lanes)
     if width < lanes // 2 and ext[vec] > lanes:
         width = lanes  # no good divisor: a predicated tail beats scalar code
     rows = 1
