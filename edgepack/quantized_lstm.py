@@ -62,11 +62,15 @@ def _batch_axis_free(lw: _Lowering, node, shapes: dict, time_major: dict) -> lis
                 time_major[node.input[0]] = lw.emit("Reshape", [node.input[0], dims])
             node.input[0] = time_major[node.input[0]]
             node.input[3] = lw.shape_const((1,))
-    elif node.op_type == "Concat" and helper.get_attribute_value(node.attribute[0]) == 0:
-        parts = [shapes.get(i, ()) for i in node.input]
-        out = node.output[0]
-        if parts and all(len(p) == 3 and p[:2] == (1, 1) for p in parts) and len(shapes.get(out, ())) == 3:
+    elif node.op_type == "Concat" and helper.get_attribute_value(node.attribute[0]) == 0 and node.input:
+        # the steps' H are [1, B, H] (decompose's Concats; shapes may be unknown before onnxsim):
+        # Concat on axis 1 -> [1, T*B, H], Reshape to [T, B, H] with dims -1 and 0 (= copy H)
+        parts = [shapes.get(i) for i in node.input]     # a dim of 0: not known
+        if all(p is None or (len(p) == 3 and p[0] in (0, 1)) for p in parts) and \
+                (any(p and p[0] == 1 for p in parts) or "/unrolled" in node.name):
+            out = node.output[0]
             node.output[0] = lw.name(out)
             node.attribute[0].i = 1
-            return [node, helper.make_node("Reshape", [node.output[0], lw.shape_const(shapes[out])], [out])]
+            dims = lw.shape_const((len(node.input), -1, 0))
+            return [node, helper.make_node("Reshape", [node.output[0], dims], [out])]
     return [node]
