@@ -198,33 +198,6 @@ class _Lowering:
         self.emit("Conv" if conv else "MatMul", [x, w], [node.output[0]], **attrs)
         self.floated[node.output[0]] = TensorProto.INT32
 
-    def dynamic_quantize_lstm(self, node) -> None:
-        # com.microsoft.DynamicQuantizeLSTM: W [dirs, input, 4h] and R [dirs, h, 4h] (transposed against
-        # ONNX LSTM), quantised per direction: w = (q - zp[d]) * scale[d]. onnxruntime also quantises
-        # what it multiplies them with (uint8, dynamic range): X once for the whole sequence, and H
-        # at every step. X is fake-quantised here; H needs the unrolled LSTM (quantized_lstm.py).
-        ins = list(node.input) + [""] * (12 - len(node.input))
-
-        def weight(q, scale, zp):
-            if q not in self.consts or scale not in self.consts or (zp and zp not in self.consts):
-                raise UnsupportedOpError(f"DynamicQuantizeLSTM {node.name!r}: weights are not constants",
-                                         hint="export the float model")
-            w = self.consts[q].astype(np.float32)
-            s = self.consts[scale].astype(np.float32).reshape(-1, 1, 1)
-            z = self.consts[zp].astype(np.float32).reshape(-1, 1, 1) if zp else 0.0
-            return ((w - z) * s).transpose(0, 2, 1)
-
-        w = weight(ins[1], ins[8], ins[9])
-        r = weight(ins[2], ins[10], ins[11])
-        self.recurrent.append(r)
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        inputs = [self.fake_quantise(self.as_float(ins[0])), self.const(w, ins[1]), self.const(r, ins[2])]
-        inputs += ins[3:8]
-        while inputs and not inputs[-1]:
-            inputs.pop()
-        self.nodes.append(helper.make_node("LSTM", inputs, list(node.output), name=self.name(node.name or "lstm"),
-                                           **attrs))
-
     def other(self, node) -> None:
         hit = [i for i in node.input if i in self.floated]
         src = self.producer.get(node.input[0]) if node.input else None
@@ -260,10 +233,11 @@ class _Lowering:
 
 def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     """A copy of `proto` with the handled ops lowered; the count of each op lowered."""
+    from .quantized_lstm import lower_lstm, quantise_recurrence
     lw = _Lowering(proto)
     handlers = {"DynamicQuantizeLinear": lambda n: lw.quantise(n.input[0], *n.output),
                 "ConvInteger": lw.integer_product, "MatMulInteger": lw.integer_product,
-                "com.microsoft.DynamicQuantizeLSTM": lw.dynamic_quantize_lstm}
+                "com.microsoft.DynamicQuantizeLSTM": lambda n: lower_lstm(lw, n)}
     for node in proto.graph.node:
         op = _op(node)
         handler = handlers.get(op, lw.other)
@@ -294,7 +268,6 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
         del out.opset_import[:]
         out.opset_import.extend(kept)
     if lw.recurrent:
-        from .quantized_lstm import quantise_recurrence
         out = quantise_recurrence(out, lw.recurrent, lw.counts)
     return out, lw.counts
 

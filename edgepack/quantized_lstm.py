@@ -11,7 +11,36 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import onnx_lstm
+from .errors import UnsupportedOpError
 from .quantized import _live, _Lowering
+
+
+def lower_lstm(lw: _Lowering, node) -> None:
+    """com.microsoft.DynamicQuantizeLSTM -> an ONNX LSTM on the dequantised weights, X fake-quantised."""
+    # W [dirs, input, 4h] and R [dirs, h, 4h] (transposed against
+    # ONNX LSTM), quantised per direction: w = (q - zp[d]) * scale[d]. onnxruntime also quantises
+    # what it multiplies them with (uint8, dynamic range): X once for the whole sequence, and H
+    # at every step. X is fake-quantised here; H needs the unrolled LSTM (quantise_recurrence).
+    ins = list(node.input) + [""] * (12 - len(node.input))
+
+    def weight(q, scale, zp):
+        if q not in lw.consts or scale not in lw.consts or (zp and zp not in lw.consts):
+            raise UnsupportedOpError(f"DynamicQuantizeLSTM {node.name!r}: weights are not constants",
+                                     hint="export the float model")
+        w = lw.consts[q].astype(np.float32)
+        s = lw.consts[scale].astype(np.float32).reshape(-1, 1, 1)
+        z = lw.consts[zp].astype(np.float32).reshape(-1, 1, 1) if zp else 0.0
+        return ((w - z) * s).transpose(0, 2, 1)
+
+    w = weight(ins[1], ins[8], ins[9])
+    r = weight(ins[2], ins[10], ins[11])
+    lw.recurrent.append(r)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inputs = [lw.fake_quantise(lw.as_float(ins[0])), lw.const(w, ins[1]), lw.const(r, ins[2])]
+    inputs += ins[3:8]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    lw.nodes.append(helper.make_node("LSTM", inputs, list(node.output), name=lw.name(node.name or "lstm"), **attrs))
 
 
 def quantise_recurrence(proto: onnx.ModelProto, recurrent: list[np.ndarray], counts: dict) -> onnx.ModelProto:
