@@ -52,7 +52,8 @@ public:
             ncnn::fastFree(p);
             return;
         }
-        free_.emplace(it->second, p);
+        /* before the buffers of equal size: lower_bound finds the one freed last, still in cache */
+        free_.emplace_hint(free_.lower_bound(it->second), it->second, p);
         lent_.erase(it);
         lock_.unlock();
     }
