@@ -8,7 +8,7 @@ device), in this order, first that applies:
 1. dlight's CPU rules (GEMV with an inner reduction; softmax/norm-like reduction chains);
 2. ``_tile_reduction``: one reduction block (matmul, conv2d incl. depthwise/grouped, pooling),
    register-tiled like a BLAS micro-kernel: the last spatial axis split by the target's vector
-   width and vectorised, a spatial axis the vector operand does not depend on split by a few rows
+   width and vectorised (or, when no split fits, tiled whole and unrolled), a spatial axis the vector operand does not depend on split by a few rows
    and unrolled (each loaded vector then feeds several FMAs), the reduction loops outside that
    tile, the elementwise epilogue computed per tile, the outer tiles fused and ``parallel``;
 3. ``_injective``: no reduction: intermediate blocks inlined, the inner axis vectorised, the
@@ -232,12 +232,24 @@ def _tile_reduction(sch, lanes: int) -> bool:
     if not epilogue:
         # writing straight into the function's output: accumulate in a per-tile buffer instead
         epilogue = [sch.cache_write(main, 0, "global")]
-    width = ext[vec] if ext[vec] <= lanes else _divisor(ext[vec], lanes)
-    if width < lanes // 2 and ext[vec] > lanes:
-        width = lanes  # no good divisor: a predicated tail beats scalar code
+    # the vector tile: the whole axis when it fits one vector, else a divisor of at least half a
+    # vector. An axis with no such divisor (17, 19: conv1d outputs) is tiled whole and unrolled
+    # (LLVM's SLP vectoriser packs it): measured 17x faster than a predicated 8-lane vector, which
+    # TVM scalarises, and than a 17-lane vector, which LLVM legalises badly (so is a 14-lane one:
+    # 9x slower than 7 lanes)
+    unrolled = False
+    if ext[vec] <= lanes:
+        width = ext[vec]
+    elif _divisor(ext[vec], lanes) >= lanes // 2:
+        width = _divisor(ext[vec], lanes)
+    elif ext[vec] <= 4 * lanes:
+        width, unrolled = ext[vec], True
+    else:
+        width = lanes  # a predicated tail: rare (a long prime axis)
     rows = 1
     if reuse is not None:
-        rows = next((r for r in _ROW_TILES if ext[reuse] % r == 0 and r * max(1, width // lanes) <= 8), 1)
+        vregs = -(-width // lanes)
+        rows = next((r for r in _ROW_TILES if ext[reuse] % r == 0 and r * vregs <= 8), 1)
     outer, inner = [], []
     for k in range(n_s):
         if k == vec and width < ext[vec]:
@@ -268,11 +280,14 @@ def _tile_reduction(sch, lanes: int) -> bool:
     # vectorise before splitting off the init: the update alone is no longer a complete block
     if len(inner) > 1:
         sch.unroll(inner[0])
-    sch.vectorize(inner[-1])
+    if unrolled:
+        sch.unroll(inner[-1])
+    else:
+        sch.vectorize(inner[-1])
     init = sch.decompose_reduction(main, red_loops[0])
     il = sch.get_loops(init)
     if len(il) > 1 and _extent(sch, il[-1]) == width:
-        sch.vectorize(il[-1])
+        sch.vectorize(il[-1])  # (zeroing: any width vectorises well)
     for b in prologue:
         try:
             sch.get(b)
