@@ -277,8 +277,8 @@ RUNTIME_BYTES_GOAL = 4_500_000    # issue 9: a partitioned arm64 artifact's runt
 
 
 def lstm_between_cumsums(path: Path) -> Path:
-    """CumSum -> LSTM -> Linear -> CumSum, as torch exports it: TVM lacks LSTM, NCNN lacks CumSum,
-    so the plan is TVM, NCNN, TVM (two TVM segments in one artifact)."""
+    """CumSum -> LSTM -> Linear -> CumSum, as torch exports it: NCNN lacks CumSum and the plan keeps
+    the LSTM on NCNN, so it is TVM, NCNN, TVM (two TVM segments in one artifact)."""
     import warnings
 
     import torch
