@@ -77,6 +77,21 @@ def test_matmul_bias_is_register_tiled_and_correct():
     _close(got, x @ w + b)
 
 
+def test_gemv_and_squeeze_excite_conv():
+    """One row times a matrix, and a 1x1 convolution on a 1x1 map (squeeze-excite blocks): the tiling
+    rule takes them (dlight's GEMV rule made LLVM spend ~1 min per such kernel for x86-64-v4)."""
+    x, w, b = _rand(1, 200), _rand(200, 35), _rand(35)
+    got, used = _run(_module({"x": x}, lambda bb, v: relax.op.add(relax.op.matmul(v, relax.const(w)),
+                                                                   relax.const(b))), {"x": x}, _target())
+    assert used == {"tile": 1}
+    _close(got, x @ w + b)
+    x, w = _rand(1, 48, 1, 1), _rand(12, 48, 1, 1)
+    got, used = _run(_module({"x": x}, lambda bb, v: relax.op.nn.conv2d(v, relax.const(w))), {"x": x},
+                     _target())
+    assert used == {"tile": 1}
+    _close(got, _conv_ref(x, w, np.zeros(12, "float32"), 1, 0, 1))
+
+
 @pytest.mark.parametrize("stride,pad,groups,chans", [(1, 1, 1, 12), (2, 1, 1, 7), (1, 1, 12, 12), (2, 0, 12, 12)],
                          ids=["conv3x3", "conv3x3-s2", "depthwise", "depthwise-s2-nopad"])
 def test_conv2d_with_epilogue(stride, pad, groups, chans):
@@ -139,3 +154,15 @@ def test_schedule_is_deterministic():
     a, b = schedule_func(f, _target()), schedule_func(f, _target())
     assert a[0] == b[0] == "tile"
     tvm.ir.assert_structural_equal(a[1], b[1])
+
+
+def test_prime_width_conv_is_unrolled_not_predicated():
+    """An output width no vector divides (13 here, 17 in a real text model) is tiled whole and
+    unrolled; the kernel still computes the convolution."""
+    x, w = _rand(2, 8, 1, 17), _rand(6, 8, 1, 5)
+    fused = fuse(_module({"x": x}, lambda bb, v: relax.op.nn.conv2d(v, relax.const(w))), _target())
+    f = next(f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc) and "conv" in f.script())
+    rule, sched = schedule_func(f, _target())
+    assert rule == "tile" and "T.unroll(T.int64(13))" in sched.script()
+    got, _used = _run(_module({"x": x}, lambda bb, v: relax.op.nn.conv2d(v, relax.const(w))), {"x": x}, _target())
+    _close(got, _conv_ref(x, w, np.zeros(6, "float32"), 1, 0, 1))
