@@ -76,24 +76,12 @@ def need_bytes(model_path: Path, shapes: dict, weight_bytes: int) -> tuple[int, 
 def latency(artifact: Path, model: Path, feeds: dict, env: dict | None, rounds: int = 3,
             runs: int = 20) -> tuple[float, float]:
     """(artifact's median ms, onnxruntime's median ms), best of `rounds` alternating rounds, 1 thread."""
-    import onnxruntime as ort
-    o = ort.SessionOptions()
-    o.intra_op_num_threads = o.inter_op_num_threads = 1
-    o.log_severity_level = 3
-    sess = ort.InferenceSession(str(model), o, providers=["CPUExecutionProvider"])
+    from corpus import artifact_median, ort_median, ort_session  # one timing loop for every bench
+    sess = ort_session(model)
     ours, theirs = [], []
     for _ in range(rounds):
-        out = subprocess.run([str(artifact), "bench", "--runs", str(runs), "--warmup", "3", "--threads", "1", "--json"],
-                             capture_output=True, text=True, check=True, env=env, timeout=600)
-        ours.append(json.loads(out.stdout)["median_ms"])
-        for _ in range(3):
-            sess.run(None, feeds)
-        ts = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            sess.run(None, feeds)
-            ts.append((time.perf_counter() - t0) * 1e3)
-        theirs.append(statistics.median(ts))
+        ours.append(artifact_median(artifact, runs, env))
+        theirs.append(ort_median(sess, feeds, runs))
     return min(ours), min(theirs)
 
 

@@ -154,9 +154,9 @@ def ort_median(sess, feeds: dict, runs: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def artifact_median(path: Path, runs: int) -> float:
+def artifact_median(path: Path, runs: int, env: dict | None = None) -> float:
     proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "3", "--threads", "1", "--json"],
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{path.name} bench failed: {(proc.stderr or proc.stdout).strip()[:200]}")
     return json.loads(proc.stdout)["median_ms"]
