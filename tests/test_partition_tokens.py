@@ -71,6 +71,14 @@ def _ort(model: onnx.ModelProto, feeds: dict) -> dict:
     return dict(zip(names, sess.run(names, {i.name: feeds[i.name] for i in sess.get_inputs()})))
 
 
+def _through_segments(p, feeds: dict) -> dict:
+    """Every value after running the plan's segments one by one in onnxruntime."""
+    values = dict(feeds)
+    for seg in p.segments:
+        values.update(_ort(seg.model, values))
+    return values
+
+
 def test_stack_max_to_max_is_exact(tmp_path):
     for keep in (0, 1):
         m = onnx.load(str(token_encoder(tmp_path / f"k{keep}.onnx", keepdims=keep)))
@@ -98,10 +106,7 @@ def test_plan_moves_only_the_token_gather_to_tvm(tmp_path):
     assert p.segments[0].ops == ("Gather",) and "Conv" in p.segments[1].ops and "Max" in p.segments[1].ops
     assert p.segments[0].inputs == ("ids",)
     feeds = {"ids": _ids(5)}
-    values = dict(feeds)
-    for seg in p.segments:
-        values.update(_ort(seg.model, values))
-    np.testing.assert_array_equal(values["y"], _ort(model.proto, feeds)["y"])
+    np.testing.assert_array_equal(_through_segments(p, feeds)["y"], _ort(model.proto, feeds)["y"])
 
 
 # ---- a real x86_64 artifact (pnnx, TVM, zig) -----------------------------------------------------
@@ -110,27 +115,36 @@ from conftest import run_edgepack  # noqa: E402
 from edgepack.runner import run_artifact  # noqa: E402
 
 
-def test_token_encoder_artifact_keeps_convolutions_on_ncnn(tmp_path):
-    model = token_encoder(tmp_path / "tokens.onnx")
-    dist = tmp_path / "dist"
+def _build_split(model: Path, dist: Path) -> tuple[Path, dict]:
+    """Build ``model`` for x86_64 (the split, not a timed choice); the artifact and its manifest."""
     proc = run_edgepack("build", str(model), "--target", "x86_64", "--out", str(dist), "--json",
                         "--select", "first")
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout)["results"][0]
     assert res["ok"] and res["backend"] == "ncnn+tvm", res
-    art = dist / "tokens-x86_64"
-    segs = json.loads(art.with_name(art.name + ".json").read_text())["backend"]["segments"]
-    assert [s["backend"] for s in segs] == ["tvm", "ncnn"] and segs[0]["ops"] == ["Gather"], segs
-    assert "Conv" in segs[1]["ops"]
-    ids = _ids(77)  # fresh ids, not the build's verification inputs
+    art = dist / f"{model.stem}-x86_64"
+    return art, json.loads(art.with_name(art.name + ".json").read_text())
+
+
+def _check_run(art: Path, manifest: dict, model: Path, ids: np.ndarray, tmp_path: Path) -> None:
+    """The artifact's `run` on fresh ids agrees with onnxruntime within the manifest's tolerance."""
     np.save(tmp_path / "ids.npy", ids)
     run = run_artifact(art, ["run", "--threads", "1", "--input", f"ids={tmp_path / 'ids.npy'}",
                              "--output", str(tmp_path / "out")])
     assert run.returncode == 0, run.stderr
     got = np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
     want = _ort(onnx.load(str(model)), {"ids": ids})["y"]
-    tol = json.loads(art.with_name(art.name + ".json").read_text())["tolerance"]
+    tol = manifest["tolerance"]
     assert float(np.max(np.abs(got - want))) <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(want)))
+
+
+def test_token_encoder_artifact_keeps_convolutions_on_ncnn(tmp_path):
+    model = token_encoder(tmp_path / "tokens.onnx")
+    art, manifest = _build_split(model, tmp_path / "dist")
+    segs = manifest["backend"]["segments"]
+    assert [s["backend"] for s in segs] == ["tvm", "ncnn"] and segs[0]["ops"] == ["Gather"], segs
+    assert "Conv" in segs[1]["ops"]
+    _check_run(art, manifest, model, _ids(77), tmp_path)  # fresh ids, not the build's verification inputs
     # the per-segment profile of a partitioned artifact (EDGEPACK_SEGMENT_TIMES, ep_engine_seq.c)
     bench = subprocess.run([str(art), "bench", "--runs", "5", "--warmup", "1", "--threads", "1"], capture_output=True,
                            text=True, timeout=120, env={**os.environ, "EDGEPACK_SEGMENT_TIMES": "1"})
@@ -222,30 +236,12 @@ def test_plan_puts_the_lifted_convolutions_on_ncnn(tmp_path):
     assert set(p.segments[0].ops) == {"Cast", "Gather", "Unsqueeze"} and p.segments[2].ops == ("Reshape",)
     assert "Conv" in p.segments[1].ops
     feeds = {"ids": _window_ids(4)}
-    values = dict(feeds)
-    for seg in p.segments:
-        values.update(_ort(seg.model, values))
-    np.testing.assert_allclose(values["y"], _ort(model.proto, feeds)["y"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(_through_segments(p, feeds)["y"], _ort(model.proto, feeds)["y"], rtol=1e-6, atol=1e-7)
 
 
 def test_window_cnn_artifact_runs_its_convolutions_on_ncnn(tmp_path):
     model = window_cnn(tmp_path / "windows.onnx")
-    dist = tmp_path / "dist"
-    proc = run_edgepack("build", str(model), "--target", "x86_64", "--out", str(dist), "--json",
-                        "--select", "first")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout)["results"][0]
-    assert res["ok"] and res["backend"] == "ncnn+tvm", res
-    art = dist / "windows-x86_64"
-    manifest = json.loads(art.with_name(art.name + ".json").read_text())
+    art, manifest = _build_split(model, tmp_path / "dist")
     segs = manifest["backend"]["segments"]
     assert [s["backend"] for s in segs] == ["tvm", "ncnn", "tvm"] and "Conv" in segs[1]["ops"], segs
-    ids = _window_ids(99)
-    np.save(tmp_path / "ids.npy", ids)
-    run = run_artifact(art, ["run", "--threads", "1", "--input", f"ids={tmp_path / 'ids.npy'}",
-                             "--output", str(tmp_path / "out")])
-    assert run.returncode == 0, run.stderr
-    got = np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
-    want = _ort(onnx.load(str(model)), {"ids": ids})["y"]
-    tol = manifest["tolerance"]
-    assert float(np.max(np.abs(got - want))) <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(want)))
+    _check_run(art, manifest, model, _window_ids(99), tmp_path)
