@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .onnx_index import constants, tensor_infos
+
 RECURRENT = frozenset({"LSTM", "GRU"})
 _GATES = {"LSTM": 4, "GRU": 3}
 # RNN activation names that are plain ONNX ops without parameters
@@ -27,28 +29,11 @@ def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-    return out
-
-
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[list, object]]:
-    """tensor -> (dims, None where unknown; numpy dtype)"""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # an uninferable graph: the static-length check below refuses
-        inferred = model
-    g = inferred.graph
-    out = {}
-    for v in list(g.input) + list(g.value_info) + list(g.output):
-        tt = v.type.tensor_type
-        if tt.HasField("shape"):
-            out[v.name] = ([d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim],
-                           helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.dtype(np.float32))
-    return out
+    """tensor -> (dims, None where unknown; numpy dtype); an uninferable graph keeps what it records
+    (the static-length check refuses what that leaves unknown)."""
+    return {name: (list(info.dims), info.np_dtype) for name, info in tensor_infos(model, initializers=False).items()
+            if info.dims is not None}
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -253,7 +238,7 @@ def refusals(model: onnx.ModelProto) -> dict[str, str]:
     nodes = [(i, n) for i, n in enumerate(model.graph.node) if n.op_type in RECURRENT]
     if not nodes:
         return {}
-    consts, shapes = _constants(model), _shapes(model)
+    consts, shapes = constants(model), _shapes(model)
     return {_node_name(n, i): why for i, n in nodes if (why := refusal(n, consts, shapes))}
 
 
@@ -269,7 +254,7 @@ def decompose(model: onnx.ModelProto) -> onnx.ModelProto:
     (the model itself when there is none)."""
     if not any(n.op_type in RECURRENT for n in model.graph.node):
         return model
-    consts, shapes = _constants(model), _shapes(model)
+    consts, shapes = constants(model), _shapes(model)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     taken = {o for n in model.graph.node for o in n.output} | set(consts)

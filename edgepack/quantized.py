@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import UnsupportedOpError
 from .model import LoadedModel, _with
+from .onnx_index import constants, tensor_infos
 
 LOWERED = ("DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "com.microsoft.DynamicQuantizeLSTM")
 # quantised ops this module does not lower (and every QLinear* op): refused before any backend tries them
@@ -61,18 +62,9 @@ def lower_quantized(model: LoadedModel) -> LoadedModel:
 
 class _Lowering:
     def __init__(self, proto: onnx.ModelProto, infer: bool = True, tag: str = "lq"):
-        graph = proto.graph
-        self.consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        for n in graph.node:
-            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-                self.consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-        try:
-            inferred = onnx.shape_inference.infer_shapes(proto).graph if infer else graph
-        except Exception:  # contrib ops make onnx's inference give up on some models: types default below
-            inferred = graph
-        self.types = {v.name: v.type.tensor_type.elem_type
-                      for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output)}
-        self.types.update({t.name: t.data_type for t in graph.initializer})
+        self.consts = constants(proto)
+        # contrib ops make onnx's inference give up on some models: their types default below
+        self.types = {name: info.elem_type for name, info in tensor_infos(proto, infer=infer).items()}
         self.floated: dict[str, int] = {}   # tensor -> its original integer dtype, now held in float32
         self.producer: dict[str, onnx.NodeProto] = {}
         self.nodes: list[onnx.NodeProto] = []

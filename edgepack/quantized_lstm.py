@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 
 from . import onnx_lstm
 from .errors import UnsupportedOpError
+from .onnx_index import tensor_infos
 from .quantized import _live, _Lowering
 
 
@@ -73,9 +74,9 @@ def quantise_recurrence(proto: onnx.ModelProto, recurrent: list[np.ndarray], cou
 
 
 def _static_shapes(proto) -> dict[str, tuple]:
-    g = onnx.shape_inference.infer_shapes(proto).graph
-    return {v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim)
-            for v in list(g.value_info) + list(g.input) + list(g.output) if v.type.tensor_type.HasField("shape")}
+    """tensor -> dims, 0 for a dim not known (as _batch_axis_free reads them)."""
+    return {name: tuple(d or 0 for d in info.dims) for name, info in tensor_infos(proto, strict=True, initializers=False).items()
+            if info.dims is not None}
 
 
 def _batch_axis_free(lw: _Lowering, node, shapes: dict, time_major: dict) -> list:

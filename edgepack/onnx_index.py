@@ -1,0 +1,63 @@
+"""What the graph rewrites ask of an ONNX graph before they change it: its constants and each
+tensor's dims and element type, as onnx's shape inference sees them.
+
+One place for it because the rewrites (LSTM unrolling, the quantised-op lowering, the NCNN
+rewrites) each need the same two tables and differ only in what they do with unknowns.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    dims: tuple[int | None, ...] | None  # None: rank unknown; a None dim: symbolic or unknown
+    elem_type: int                       # onnx.TensorProto enum; 0 where inference left it undefined
+
+    @property
+    def static(self) -> tuple[int, ...] | None:
+        """The dims when every one is known, else None."""
+        if self.dims is None or any(d is None for d in self.dims):
+            return None
+        return tuple(int(d) for d in self.dims)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """numpy's dtype; float32 where onnx left the type undefined."""
+        return helper.tensor_dtype_to_np_dtype(self.elem_type) if self.elem_type else np.dtype(np.float32)
+
+
+def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Initializers and the outputs of Constant nodes that carry a tensor (`value`)."""
+    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return out
+
+
+def tensor_infos(model: onnx.ModelProto, infer: bool = True, strict: bool = False,
+                 initializers: bool = True) -> dict[str, TensorInfo]:
+    """tensor name -> TensorInfo for graph inputs, outputs, value_info (after shape inference when
+    `infer`) and, with `initializers`, the initializers. With `strict` False a graph onnx cannot infer (contrib ops make it
+    give up on some models) keeps what it already records rather than raising."""
+    graph = model.graph
+    if infer:
+        try:
+            graph = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:  # noqa: BLE001  (onnx raises several types; the caller decides what unknown means)
+            if strict:
+                raise
+    out: dict[str, TensorInfo] = {}
+    for v in [*graph.value_info, *graph.input, *graph.output]:
+        tt = v.type.tensor_type
+        dims = tuple(int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim) \
+            if tt.HasField("shape") else None
+        out[v.name] = TensorInfo(dims, tt.elem_type)
+    for t in model.graph.initializer if initializers else ():
+        out[t.name] = TensorInfo(tuple(int(d) for d in t.dims), t.data_type)
+    return out
