@@ -17,6 +17,8 @@ from ...cache import cache_root, key_of, locked, sha256_bytes
 from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
+from .fuse import VERSION as FUSE_VERSION
+from .fuse import batch_shared_products
 from .rewrite import VERSION as REWRITE_VERSION
 from .rewrite import rewrite_for_ncnn
 
@@ -95,7 +97,7 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     import ncnn  # the Python wheel: the converted model's independent check
     blob = model.proto.SerializeToString()
     key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 2,
-                  "rewrites": REWRITE_VERSION})
+                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION})
     root = cache_root() / "ncnn-models" / key
     with locked(cache_root() / "locks" / f"ncnn-model-{key}.lock"):
         meta_path = root / "convert.json"
@@ -115,41 +117,67 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
                                          "take tensors of at least one dimension", hint="use --backend tvm")
         fp16 = "1" if precision == "fp16" else "0"
         log(f"converting with pnnx (fp16 weights={fp16})")
-        layers = _run_pnnx(model, model.proto, root, fp16)
-        rewrites: tuple[str, ...] = ()
-        if _leftovers(layers) or not _loads(root / "model.ncnn.param"):
-            # pnnx left layers ncnn cannot load (batch-axis reshapes/slices, strided slices, an LSTM
-            # not in torch's export form): retry once on an equivalent graph without them; the check
-            # below still compares against onnxruntime on the original model.
-            try:
-                rewritten, applied = rewrite_for_ncnn(model.proto)
-            except Exception as exc:  # a rewrite bug must cost only the retry, not the build
-                log(f"ONNX rewrites failed ({type(exc).__name__}: {exc}); keeping pnnx's first result")
-                applied = {}
-            if applied:
-                rewrites = tuple(f"{k} x{v}" for k, v in sorted(applied.items()))
-                left = sorted({t for t, _ in _leftovers(layers)}) or ["a layer ncnn cannot load"]
-                log(f"pnnx left {', '.join(left)}; retrying after ONNX rewrites: {', '.join(rewrites)}")
-                layers = _run_pnnx(model, rewritten, root, fp16)
-        left = _leftovers(layers)
-        if left:
-            from ...partition_probe import record
-            record(model, left)  # the split backend cuts their nodes out to TVM (partition_probe.py)
-        for ltype, lname in left:
-            raise UnsupportedOpError(
-                f"{model.path.name}: ncnn has no layer for {ltype} (layer {lname}; {_guess_onnx_op(ltype, model)})",
-                hint="use --backend tvm, or rewrite that part of the model")
-        param, binf = root / "model.ncnn.param", root / "model.ncnn.bin"
-        in_blobs, in_batch, out_blobs, out_batch = _io_from_pyscript(
-            (root / "model_ncnn.py").read_text(), len(model.inputs), len(model.outputs))
-        err = _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision)
-        meta = {"input_blobs": in_blobs, "output_blobs": out_blobs, "input_batch": in_batch,
-                "output_batch": out_batch, "layer_types": sorted({t for t, _ in layers}), "check_error": err,
-                "key": key, "rewrites": rewrites}
+        batched, batch_note = _batched(model.proto, log)
+        try:
+            meta = _convert_in(root, model, batched, batch_note, fp16, precision, key, log)
+        except (UnsupportedOpError, VerificationError, BuildError) as exc:
+            if not batch_note:
+                raise
+            # the batched graph is only a speed-up: never let it cost a model NCNN converted before
+            log(f"conversion of the batched graph failed ({exc.message}); converting the graph as it is")
+            meta = _convert_in(root, model, model.proto, (), fp16, precision, key, log)
         for junk in root.glob("model.pnnx*"):
             junk.unlink()
         meta_path.write_text(json.dumps(meta, indent=1))
-        return NcnnModel(param, binf, **{k: tuple(v) if isinstance(v, list) else v for k, v in meta.items()})
+        return NcnnModel(root / "model.ncnn.param", root / "model.ncnn.bin", **{k: tuple(v) if isinstance(v, list) else v for k, v in meta.items()})
+
+
+def _convert_in(root: Path, model: LoadedModel, proto, rewrites: tuple[str, ...], fp16: str, precision: str,
+                key: str, log) -> dict:
+    """pnnx on ``proto`` into ``root`` (one retry after rewrite_for_ncnn), checked; the convert.json meta."""
+    layers = _run_pnnx(model, proto, root, fp16)
+    if _leftovers(layers) or not _loads(root / "model.ncnn.param"):
+        # pnnx left layers ncnn cannot load (batch-axis reshapes/slices, strided slices, an LSTM
+        # not in torch's export form): retry once on an equivalent graph without them; the check
+        # below still compares against onnxruntime on the original model.
+        try:
+            rewritten, applied = rewrite_for_ncnn(proto)
+        except Exception as exc:  # a rewrite bug must cost only the retry, not the build
+            log(f"ONNX rewrites failed ({type(exc).__name__}: {exc}); keeping pnnx's first result")
+            applied = {}
+        if applied:
+            rewrites += tuple(f"{k} x{v}" for k, v in sorted(applied.items()))
+            left = sorted({t for t, _ in _leftovers(layers)}) or ["a layer ncnn cannot load"]
+            log(f"pnnx left {', '.join(left)}; retrying after ONNX rewrites: {', '.join(rewrites)}")
+            layers = _run_pnnx(model, rewritten, root, fp16)
+    left = _leftovers(layers)
+    if left:
+        from ...partition_probe import record
+        record(model, left)  # the split backend cuts their nodes out to TVM (partition_probe.py)
+    for ltype, lname in left:
+        raise UnsupportedOpError(
+            f"{model.path.name}: ncnn has no layer for {ltype} (layer {lname}; {_guess_onnx_op(ltype, model)})",
+            hint="use --backend tvm, or rewrite that part of the model")
+    param, binf = root / "model.ncnn.param", root / "model.ncnn.bin"
+    in_blobs, in_batch, out_blobs, out_batch = _io_from_pyscript(
+        (root / "model_ncnn.py").read_text(), len(model.inputs), len(model.outputs))
+    err = _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision)
+    return {"input_blobs": in_blobs, "output_blobs": out_blobs, "input_batch": in_batch,
+            "output_batch": out_batch, "layer_types": sorted({t for t, _ in layers}), "check_error": err,
+            "key": key, "rewrites": rewrites}
+
+
+def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
+    """fuse.batch_shared_products on ``proto``: (the graph pnnx gets, the rewrite it names)."""
+    try:
+        batched, removed = batch_shared_products(proto)
+    except Exception as exc:  # a rewrite bug must cost only the speed-up, not the build
+        log(f"batching shared-weight products failed ({type(exc).__name__}: {exc}); converting as is")
+        return proto, ()
+    if not removed:
+        return proto, ()
+    log(f"batched shared-weight Gemm/MatMul: {removed} products fewer (one weight copy each)")
+    return batched, (f"batch_shared_products x{removed}",)
 
 
 def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[str, str]]:
