@@ -4,7 +4,8 @@ pnnx tracks one batch axis per tensor and gives up on layers that move or cut ac
 Transpose that puts the batch axis second followed by a Slice/Squeeze/Gather (SVTR attention's
 qkv split), a Reshape that drops a unit axis pnnx takes for the batch (CRNN heads), strided
 slices (YOLOX's Focus). Those stay as `Tensor.reshape`/`Tensor.slice`/`torch.unbind` layers that
-ncnn cannot load. pnnx also maps an ONNX LSTM to ncnn's only in the exact form torch exports.
+ncnn cannot load. A time-major [T, C] tail that meets a batch-0 tensor has its T axis dropped
+(seq_first.py lifts it to [1, T, C]). pnnx also maps an ONNX LSTM to ncnn's only in the exact form torch exports.
 With every input shape fixed and batch 1, each of these has an equivalent form pnnx converts.
 
 Each rewrite changes a static-shape model in place and returns how often it fired;
@@ -20,8 +21,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .seq_first import lift_sequence_tail
+
 # Part of the NCNN conversion cache key: bump when a rewrite's output changes.
-VERSION = 1
+VERSION = 2  # 2: lift_sequence_tail
 
 
 class _Graph:
@@ -530,7 +533,7 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
 
 
 REWRITES = (fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, lstm_outputs_as_pnnx_expects, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
-            slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape)
+            slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape, lift_sequence_tail)
 
 
 def rewrite_for_ncnn(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
