@@ -19,11 +19,14 @@ def _c(name: str, arr) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(arr), name)
 
 
-def seq_first_model(tail: str = "plain") -> onnx.ModelProto:
+def seq_first_model(tail: str = "plain", range_of: str = "seq") -> onnx.ModelProto:
     """x [T, 1, I] -> bidirectional LSTM -> [T, 1, 2H] -> [T, 2H] -> / max|.| -> MatMul -> [T, 1, K].
 
     tail="transpose" puts a Transpose in the chain (not liftable); "dynamic_rhs" multiplies by a
-    tensor computed from the input (not a constant) instead of the classifier weights."""
+    tensor computed from the input (not a constant) instead of the classifier weights; "gemm" is the
+    classifier as one Gemm (transB, bias: torch's Linear, or onnxsim's fusion); "constant" divides by
+    a constant, not the run-time range (nothing for pnnx to mis-tag: left alone). range_of="yt"
+    takes the range from the LSTM's transposed output, a second reader of it (as onnxsim leaves it)."""
     rng = np.random.default_rng(3)
     inits = [_c("W", rng.standard_normal((2, 4 * H, I)).astype(np.float32) * 0.5),
              _c("R", rng.standard_normal((2, 4 * H, H)).astype(np.float32) * 0.5),
@@ -36,11 +39,11 @@ def seq_first_model(tail: str = "plain") -> onnx.ModelProto:
              helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),
              helper.make_node("Reshape", ["yt", "flat"], ["seq"]),
              # the per-tensor range, as DynamicQuantizeLinear's lowering computes it
-             helper.make_node("Reshape", ["seq", "all4"], ["y4"]),
+             helper.make_node("Reshape", [range_of, "all4"], ["y4"]),
              helper.make_node("GlobalMaxPool", ["y4"], ["m4"]),
              helper.make_node("Reshape", ["m4", "one"], ["m"]),
              helper.make_node("Add", ["m", "eps"], ["scale"]),
-             helper.make_node("Div", ["seq", "scale"], ["norm"]),
+             helper.make_node("Div", ["seq", "eps" if tail == "constant" else "scale"], ["norm"]),
              helper.make_node("Floor", ["norm"], ["q"]),
              helper.make_node("Relu", ["q"], ["act"])]
     if tail == "transpose":
@@ -52,9 +55,13 @@ def seq_first_model(tail: str = "plain") -> onnx.ModelProto:
     if tail == "dynamic_rhs":
         nodes += [helper.make_node("Mul", ["Wc", "scale"], ["Wd"])]
         rhs = "Wd"
-    nodes += [helper.make_node("MatMul", ["act2", rhs], ["logits"]),
-              helper.make_node("Add", ["logits", "bc"], ["biased"]),
-              helper.make_node("Reshape", ["biased", "back"], ["out"])]
+    if tail == "gemm":
+        inits.append(_c("WcT", np.ascontiguousarray(numpy_helper.to_array(inits[7]).T)))
+        nodes += [helper.make_node("Gemm", ["act2", "WcT", "bc"], ["biased"], transB=1)]
+    else:
+        nodes += [helper.make_node("MatMul", ["act2", rhs], ["logits"]),
+                  helper.make_node("Add", ["logits", "bc"], ["biased"])]
+    nodes += [helper.make_node("Reshape", ["biased", "back"], ["out"])]
     graph = helper.make_graph(nodes, "seq_first", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [T, 1, I])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [T, 1, K])], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -108,8 +115,21 @@ def test_a_lifted_graph_output_is_reshaped_back_to_its_onnx_shape():
     np.testing.assert_array_equal(_run(m, _x(4)), _run(new, _x(4)))
 
 
-def test_leaves_a_chain_it_cannot_lift_whole():
-    for tail in ("transpose", "dynamic_rhs"):
+def test_a_gemm_classifier_becomes_matmul_and_add_on_the_lifted_rows():
+    m = seq_first_model("gemm")
+    new = onnx.ModelProto()
+    new.CopyFrom(m)
+    assert lift_sequence_tail(new) == 1
+    remove_dead_nodes(new)
+    onnx.checker.check_model(new)
+    assert "Gemm" not in {n.op_type for n in new.graph.node}
+    assert _shapes(new)["out"] == (T, 1, K)
+    for seed in (1, 2):   # Gemm adds its bias in another order than MatMul + Add: equal to rounding
+        np.testing.assert_allclose(_run(new, _x(seed)), _run(m, _x(seed)), rtol=1e-5, atol=1e-5)
+
+
+def test_leaves_a_chain_it_cannot_lift_whole_or_that_reads_only_constants():
+    for tail in ("transpose", "dynamic_rhs", "constant"):
         m = seq_first_model(tail)
         new = onnx.ModelProto()
         new.CopyFrom(m)
@@ -118,7 +138,10 @@ def test_leaves_a_chain_it_cannot_lift_whole():
 
 
 def test_rewrite_for_ncnn_includes_it_and_keeps_onnxruntimes_answer():
-    m = seq_first_model()
-    new, applied = rewrite_for_ncnn(m)
-    assert applied.get("lift_sequence_tail") == 1
-    np.testing.assert_allclose(_run(new, _x(5)), _run(m, _x(5)), rtol=1e-6, atol=1e-6)
+    for range_of in ("seq", "yt"):
+        m = seq_first_model(range_of=range_of)
+        new, applied = rewrite_for_ncnn(m)
+        assert applied.get("lift_sequence_tail") == 1, (range_of, applied)
+        # the LSTM in torch's export form for pnnx, also when its output has two Reshape readers
+        assert applied.get("lstm_outputs_as_pnnx_expects"), (range_of, applied)
+        np.testing.assert_allclose(_run(new, _x(5)), _run(m, _x(5)), rtol=1e-6, atol=1e-6)

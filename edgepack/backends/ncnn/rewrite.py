@@ -329,15 +329,21 @@ def lstm_outputs_as_pnnx_expects(model: onnx.ModelProto) -> int:
         t = t[0]
         bidi = _attr(node, "direction", b"forward") in (b"bidirectional", "bidirectional")
         if bidi and t.op_type == "Transpose" and list(_attr(t, "perm") or []) == [0, 2, 1, 3]:
-            r = gr.consumers.get(t.output[0], [])
-            if len(r) != 1 or r[0].op_type != "Reshape" or gr.const_ints(r[0].input[1]) == [0, 0, -1]:
+            # every reader a Reshape (onnxsim merges a second reshape of the same output, e.g. a
+            # quantisation range's [1, 1, 1, N], into one more reader): all read the merged tensor
+            rs = gr.consumers.get(t.output[0], [])
+            if not rs or t.output[0] in gr.outputs or any(
+                    r.op_type != "Reshape" or r.input[0] != t.output[0] or gr.const_ints(r.input[1]) == [0, 0, -1]
+                    for r in rs):
                 continue
-            r = r[0]
-            rpos = next(k for k, n in enumerate(gr.g.node) if n.output == r.output)
-            merged = gr.fresh(r.output[0] + "_lstm")
-            plan[rpos] = [helper.make_node("Reshape", [t.output[0], gr.add_const("shape", np.array([0, 0, -1], np.int64))],
-                                           [merged], name=gr.fresh("lstm_merge")),
-                          helper.make_node("Reshape", [merged, r.input[1]], list(r.output), name=r.name)]
+            merged = gr.fresh(rs[0].output[0] + "_lstm")
+            merge = helper.make_node("Reshape", [t.output[0], gr.add_const("shape", np.array([0, 0, -1], np.int64))],
+                                     [merged], name=gr.fresh("lstm_merge"))
+            positions = sorted(next(k for k, n in enumerate(gr.g.node) if n.output == r.output) for r in rs)
+            for k in positions:
+                r = gr.g.node[k]
+                plan[k] = ([merge] if k == positions[0] else []) + [
+                    helper.make_node("Reshape", [merged, r.input[1]], list(r.output), name=r.name)]
         elif not bidi and t.op_type == "Reshape":
             y_shape = gr.shapes.get(y)
             if not y_shape or len(y_shape) != 4 or y_shape[1] != 1:

@@ -11,8 +11,11 @@ With a unit batch, [T, C] and [1, T, C] hold the same values in the same order, 
 that Reshape to the next Reshape (or the graph output) computes the same numbers on [1, T, C],
 where axis 0 is the unit axis and pnnx's batch tag lands where it does no harm. The rewrite lifts
 the whole chain or nothing: element-wise ops (the other operand broadcasts the same way against
-the extra leading 1) and MatMul with a constant right-hand side; anything else leaves it alone.
-A lifted graph output keeps its ONNX shape through a final Reshape.
+the extra leading 1), MatMul with a constant right-hand side, and Gemm with constant weights
+(as MatMul + Add: Gemm takes only 2-D); anything else leaves it alone. It fires only when some op
+of the chain also reads a tensor computed at run time (constants carry no batch tag in pnnx), so
+tails pnnx already converts right (a CRNN's plain classifier) stay as they are. A lifted graph
+output keeps its ONNX shape through a final Reshape.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def lift_sequence_tail(model: onnx.ModelProto) -> int:
         if not src or not out or len(out) != 2 or out[0] <= 1 or len(src) < 3 or 1 not in src:
             continue
         region = _region(gr, node.output[0])
-        if region is None:
+        if region is None or not _meets_runtime_tensor(gr, region[0], node.output[0]):
             continue
         _lift(gr, node, region, out)
         fired += 1
@@ -88,7 +91,17 @@ def _liftable(gr, node, lifted: set) -> bool:
     if node.op_type == "MatMul":
         a, b = node.input
         return a in lifted and b not in lifted and rank[a] == 2 and rank[b] == 2 and b in gr.consts
+    if node.op_type == "Gemm":
+        from .rewrite import _attr
+        plain = _attr(node, "alpha", 1.0) == 1.0 and _attr(node, "beta", 1.0) == 1.0 and not _attr(node, "transA", 0)
+        return plain and node.input[0] in lifted and all(i in gr.consts for i in node.input[1:] if i)
     return False
+
+
+def _meets_runtime_tensor(gr, nodes: list, start: str) -> bool:
+    """Whether an op of the chain reads a tensor that is neither in the chain nor a constant."""
+    inside = {start} | {o for n in nodes for o in n.output}
+    return any(i and i not in inside and i not in gr.consts for n in nodes for i in n.input)
 
 
 def _lift(gr, reshape, region: tuple[list, list, list], out_shape: tuple) -> None:
@@ -108,6 +121,9 @@ def _lift(gr, reshape, region: tuple[list, list, list], out_shape: tuple) -> Non
             if i in renamed:
                 n.input[k] = renamed[i]
     g = gr.g
+    for n in nodes:
+        if n.op_type == "Gemm":
+            _gemm_to_matmul(gr, n)
     for name, inner in renamed.items():
         back = gr.add_const("shape", np.array(gr.shapes[name], np.int64))
         last = max(k for k, n in enumerate(g.node) if inner in n.output)
@@ -116,3 +132,22 @@ def _lift(gr, reshape, region: tuple[list, list, list], out_shape: tuple) -> Non
     keep = [v for v in g.value_info if v.name not in stale]
     del g.value_info[:]
     g.value_info.extend(keep)
+
+
+def _gemm_to_matmul(gr, node) -> None:
+    """Gemm(A, B, C) with alpha = beta = 1, A not transposed -> MatMul(A, B or B^T) (+ Add C), in place:
+    the same sums, on an A of any rank."""
+    from .rewrite import _attr
+    b = gr.consts[node.input[1]]
+    if _attr(node, "transB", 0):
+        b = np.ascontiguousarray(b.T)
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    out = node.output[0]
+    product = gr.fresh(out + "_mm") if bias else out
+    mm = helper.make_node("MatMul", [node.input[0], gr.add_const(node.input[1] + "_w", b)], [product],
+                          name=node.name or gr.fresh("gemm"))
+    pos = next(k for k, n in enumerate(gr.g.node) if n is node or list(n.output) == [out])
+    new = [mm] + ([helper.make_node("Add", [product, bias], [out], name=gr.fresh("gemm_bias"))] if bias else [])
+    del gr.g.node[pos]
+    for k, n in enumerate(new):
+        gr.g.node.insert(pos + k, n)
