@@ -5,9 +5,12 @@ For each corpus model (bench/corpus.toml, from the corpus cache): `edgepack buil
 "before") and with the default schedules ("after"); then, for each thread count, interleaved
 rounds of both artifacts' own `bench` and an onnxruntime session with the same thread count on
 the same seeded inputs (best round's median each), so load on the machine hits every column alike.
+``--ncnn`` adds a whole-graph NCNN build (`--backend ncnn`, its default precision, as `auto` builds
+it) to the same rounds: the numbers behind selection.py's rule for whole-graph TVM. ``--no-before``
+skips the naive build.
 
 Usage: python3 bench/bench_tvm_untuned.py [--models ppocr_cls,orientation,...] [--threads 1,2]
-       [--runs 20] [--rounds 3] [--json FILE]
+       [--runs 20] [--rounds 3] [--ncnn] [--no-before] [--json FILE]
 """
 from __future__ import annotations
 
@@ -62,12 +65,23 @@ def build_tvm(entry, model: Path, out: Path, schedules: bool) -> tuple[Path | No
     return Path(res["file"]), seconds, ""
 
 
+def build_ncnn(entry, model: Path, out: Path) -> tuple[Path | None, float, str]:
+    """(artifact, build seconds, error) of one x86_64 whole-graph NCNN build."""
+    doc, seconds = build(entry, model, "x86_64", out, ("--backend", "ncnn"))
+    res = (doc.get("results") or [{}])[0]
+    if not res.get("file"):
+        return None, seconds, str(doc.get("error") or res.get("error") or "no artifact")[:300]
+    return Path(res["file"]), seconds, ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=DEFAULT_MODELS, help="corpus model names, comma-separated")
     ap.add_argument("--threads", default="1,2", help="thread counts to measure, comma-separated")
     ap.add_argument("--runs", type=int, default=20, help="runs per median")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the best median counts)")
+    ap.add_argument("--ncnn", action="store_true", help="also build and time whole-graph NCNN")
+    ap.add_argument("--no-before", action="store_true", help="skip the naive (EDGEPACK_TVM_SCHEDULES=off) build")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     entries = {e.name: e for e in load_table()}
@@ -79,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         model = fetch(entry, offline=True)
         row: dict = {"build_s": {}, "ms": {}, "ratio": {}}
         arts = {}
-        for label, sched in (("before", False), ("after", True)):
+        labels = [("after", True)] if args.no_before else [("before", False), ("after", True)]
+        for label, sched in labels + ([("ncnn", None)] if args.ncnn else []):
             out = work / f"{name}-{label}"
             out.mkdir()
-            art, secs, err = build_tvm(entry, model, out, sched)
+            if sched is None:
+                art, secs, err = build_ncnn(entry, model, out)
+            else:
+                art, secs, err = build_tvm(entry, model, out, sched)
             row["build_s"][label] = round(secs, 1)
             if art is None:
                 row.setdefault("errors", {})[label] = err
@@ -100,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             best = {k: round(min(v), 3) for k, v in got.items()}
             row["ms"][str(t)] = best
             row["ratio"][str(t)] = {k: round(best[k] / best["onnxruntime"], 2) for k in arts}
+            if "ncnn" in best and "after" in best:  # untuned TVM against NCNN, the rule's number
+                row["ratio"][str(t)]["after/ncnn"] = round(best["after"] / best["ncnn"], 2)
             print(f"{name} {t} thread(s): " + ", ".join(f"{k} {v:.2f} ms" for k, v in best.items())
                   + "  |  " + ", ".join(f"{k} {r:.2f}x" for k, r in row["ratio"][str(t)].items())
                   + f"  |  build s {row['build_s']}", flush=True)
@@ -107,12 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:  # after every model: a long run cut short still leaves its rows
             args.json.write_text(json.dumps(report, indent=1))
     for t in threads:
-        for label in ("before", "after"):
+        for label in ("before", "after", "ncnn", "after/ncnn"):
             rs = [m["ratio"][str(t)][label] for m in report["models"].values() if label in m["ratio"].get(str(t), {})]
             if rs:
                 g = math.exp(sum(math.log(r) for r in rs) / len(rs))
                 report.setdefault("geomean", {}).setdefault(str(t), {})[label] = round(g, 2)
-                print(f"geomean {label}, {t} thread(s): {g:.2f}x onnxruntime over {len(rs)} models")
+                print(f"geomean {label}, {t} thread(s): {g:.2f}x {'NCNN' if '/' in label else 'onnxruntime'} over {len(rs)} models")
     report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
