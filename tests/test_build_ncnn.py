@@ -151,3 +151,44 @@ def test_jetson_artifacts_run_on_a_cpu_with_their_features(family_artifacts, tar
     assert st.returncode == 0, st.stdout + st.stderr
     manifest = json.loads(_run(art, ["info", "--json"], target).stdout)
     assert manifest["backend"]["fp16_arithmetic"] is True
+
+
+def unrolled_lstm(path, steps: int = 12, k: int = 512, hidden: int = 128):
+    """An LSTMCell looped over time steps, as torch exports it (captcha_crnn's form): each step's
+    input product x_t @ W_ih^T (and the head's h_t @ W^T) is its own Gemm on one shared weight."""
+    import torch
+    torch.manual_seed(0)
+
+    class Unrolled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell, self.head = torch.nn.LSTMCell(k, hidden), torch.nn.Linear(hidden, 10)
+
+        def forward(self, x):
+            h, c, outs = torch.zeros(1, hidden), torch.zeros(1, hidden), []
+            for t in range(steps):
+                h, c = self.cell(x[:, t], (h, c))
+                outs.append(self.head(h))
+            return torch.stack(outs, 1)
+
+    torch.onnx.export(Unrolled().eval(), torch.randn(1, steps, k), str(path), input_names=["x"], output_names=["y"],
+                      opset_version=17, dynamo=False)
+    return path
+
+
+def test_shared_weight_products_are_batched_into_one_weight_copy(tmp_path):
+    """fuse.py: pnnx would write one copy of W_ih per time step (12 x 512 KiB in fp16); batched,
+    the artifact carries one, and still matches onnxruntime on fresh inputs."""
+    model = unrolled_lstm(tmp_path / "unrolled.onnx")
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", "--out",
+                        str(tmp_path / "dist"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)["results"][0]
+    assert r["ok"], r
+    manifest = json.loads((tmp_path / "dist" / "unrolled-x86_64.json").read_text())
+    assert "batch_shared_products x22" in manifest["backend"]["onnx_rewrites"]  # 11 input + 11 head products
+    # weights: W_ih once (512 KiB) + W_hh per step (12 x 128 KiB, a recurrence: not batched) ~ 2 MB;
+    # unbatched W_ih alone would be 6 MB
+    assert r["size"] - r["runtime_bytes"] < 3_000_000, r
+    feeds = {"x": np.random.default_rng(7).standard_normal((1, 12, 512)).astype(np.float32)}
+    _check_against_ort(tmp_path / "dist" / "unrolled-x86_64", "x86_64", model, feeds, tmp_path, rtol=2e-2)
