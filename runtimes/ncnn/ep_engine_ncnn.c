@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "ep_ncnn_switches.h" /* the EDGEPACK_NCNN_OPTIONS parser, fuzzed apart from ncnn */
 #include "ncnn/c_api.h"
 
 ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_pool.cc */
@@ -148,41 +149,22 @@ static void trace(const char *stage) {
  * each for blobs and workspace), one (a single PoolAllocator for both), unlocked (UnlockedPoolAllocator), none (plain malloc). Read from
  * EDGEPACK_NCNN_OPTIONS, for measuring where time and memory go (bench/bench_memory.py --switches):
  * the build verified the artifact with ncnn's defaults, and these switches change the kernels and so
- * the rounding, so they are a measuring tool, not a way to run an artifact in production. */
+ * the rounding, so they are a measuring tool, not a way to run an artifact in production.
+ * ep_ncnn_switches.h parses the list (apart from ncnn, so it can be fuzzed); this applies it. */
 static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
-    while (list && *list) {
-        const char *end = strchr(list, ',');
-        size_t n = end ? (size_t)(end - list) : strlen(list);
-        char item[64];
-        if (n == 0 || n >= sizeof item)
-            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: bad switch list near '%.20s'", list);
-        memcpy(item, list, n);
-        item[n] = 0;
-        list = end ? end + 1 : NULL;
-        char *eq = strchr(item, '=');
-        if (!eq) return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: switch '%s' has no '='", item);
-        *eq = 0;
-        const char *k = item, *v = eq + 1;
-        int on = strcmp(v, "1") == 0;
-        if (strcmp(k, "winograd") == 0) ncnn_option_set_use_winograd_convolution(e->opt, on);
-        else if (strcmp(k, "sgemm") == 0) ncnn_option_set_use_sgemm_convolution(e->opt, on);
-        else if (strcmp(k, "packing") == 0) ncnn_option_set_use_packing_layout(e->opt, on);
-        else if (strcmp(k, "fp16") == 0) {
-            ncnn_option_set_use_fp16_storage(e->opt, on);
-            ncnn_option_set_use_fp16_packed(e->opt, on);
-        } else if (strcmp(k, "pool") == 0) {
-            int shared = strcmp(v, "shared") == 0, unlocked = strcmp(v, "unlocked") == 0, one = strcmp(v, "one") == 0;
-            int best = strncmp(v, "best", 4) == 0;
-            unsigned slack = 100;  /* best<N>: a cached buffer serves requests down to 1/(1+N%) of its size */
-            if (best && v[4]) {
-                char *end_n;
-                unsigned long n = strtoul(v + 4, &end_n, 10);
-                if (*end_n || n > 1000) best = 0; else slack = (unsigned)n;
-            }
-            if (!shared && !unlocked && !one && !best && strcmp(v, "local") != 0 && strcmp(v, "none") != 0)
-                return ep_fail(st, EP_ERR_MODEL,
-                               "EDGEPACK_NCNN_OPTIONS: pool=%s: best, local, shared, one, unlocked or none", v);
-            ncnn_option_set_use_local_pool_allocator(e->opt, strcmp(v, "local") == 0);
+    ep_ncnn_switch sw;
+    int rc;
+    while ((rc = ep_ncnn_next_switch(&list, &sw, st)) == EP_OK && sw.key != EP_NCNN_SW_END) {
+        if (sw.key == EP_NCNN_SW_WINOGRAD) ncnn_option_set_use_winograd_convolution(e->opt, sw.on);
+        else if (sw.key == EP_NCNN_SW_SGEMM) ncnn_option_set_use_sgemm_convolution(e->opt, sw.on);
+        else if (sw.key == EP_NCNN_SW_PACKING) ncnn_option_set_use_packing_layout(e->opt, sw.on);
+        else if (sw.key == EP_NCNN_SW_FP16) {
+            ncnn_option_set_use_fp16_storage(e->opt, sw.on);
+            ncnn_option_set_use_fp16_packed(e->opt, sw.on);
+        } else if (sw.key == EP_NCNN_SW_POOL) {
+            int shared = sw.pool == EP_NCNN_POOL_SHARED, unlocked = sw.pool == EP_NCNN_POOL_UNLOCKED;
+            int best = sw.pool == EP_NCNN_POOL_BEST, one = sw.pool == EP_NCNN_POOL_ONE || best;
+            ncnn_option_set_use_local_pool_allocator(e->opt, sw.pool == EP_NCNN_POOL_LOCAL);
             if (e->blob_alloc) {  /* a second pool= replaces the first */
                 ncnn_option_set_blob_allocator(e->opt, NULL);
                 ncnn_option_set_workspace_allocator(e->opt, NULL);
@@ -190,9 +172,8 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
                 if (e->work_alloc) ncnn_allocator_destroy(e->work_alloc);
                 e->blob_alloc = e->work_alloc = NULL;
             }
-            if (best) one = 1;
             if (shared || unlocked || one) {
-                e->blob_alloc = best       ? ep_ncnn_best_fit_pool_create(slack)
+                e->blob_alloc = best       ? ep_ncnn_best_fit_pool_create(sw.slack)
                                 : unlocked ? ncnn_allocator_create_unlocked_pool_allocator()
                                            : ncnn_allocator_create_pool_allocator();
                 e->work_alloc = one ? NULL : unlocked ? ncnn_allocator_create_unlocked_pool_allocator()
@@ -201,12 +182,9 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
                 ncnn_option_set_blob_allocator(e->opt, e->blob_alloc);
                 ncnn_option_set_workspace_allocator(e->opt, one ? e->blob_alloc : e->work_alloc);
             }
-        } else {
-            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: unknown switch '%s' (winograd, sgemm, "
-                           "packing, fp16, pool)", k);
         }
     }
-    return EP_OK;
+    return rc;
 }
 
 static const char *indexed(const ep_model_spec *spec, const char *prefix, int i, const char *fallback) {
@@ -313,10 +291,14 @@ static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, e
             rc = ep_fail(st, EP_ERR_MODEL, "input %s: rank too high for ncnn", s->name);
             break;
         }
-        ncnn_mat_t m = dims == 1 ? ncnn_mat_create_1d(w, NULL)
-                       : dims == 2 ? ncnn_mat_create_2d(w, h, NULL)
-                       : dims == 3 ? ncnn_mat_create_3d(w, h, c, NULL)
-                                   : ncnn_mat_create_4d(w, h, d, c, NULL);
+        /* from the blob pool, not malloc: musl hands a large block back to the kernel on free, so
+         * a fresh input Mat cost one page fault per 4 KiB on every run (orientation: ~150 per run,
+         * ~4% of its perf profile; docs/benchmarks.md). NULL (malloc) when a switch asked for no pool. */
+        ncnn_allocator_t a = e->blob_alloc;
+        ncnn_mat_t m = dims == 1 ? ncnn_mat_create_1d(w, a)
+                       : dims == 2 ? ncnn_mat_create_2d(w, h, a)
+                       : dims == 3 ? ncnn_mat_create_3d(w, h, c, a)
+                                   : ncnn_mat_create_4d(w, h, d, c, a);
         const float *src = (const float *)inputs[i].data;
         size_t plane = (size_t)w * h * d;
         if (dims <= 2) {

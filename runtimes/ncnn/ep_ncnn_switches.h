@@ -1,0 +1,96 @@
+/* EDGEPACK_NCNN_OPTIONS parsing, apart from ncnn: the list is outside input (an environment
+ * variable), so it is fuzzed under ASan/UBSan (tests/fuzz/ncnn_options_fuzz.c), and the fuzz target
+ * must not need libncnn. ep_engine_ncnn.c (apply_switches) applies what this parses.
+ *
+ * Header-only (static functions) so the engine's source list stays as it is.
+ * The list: comma-separated key=value items, each under 64 bytes: winograd, sgemm, packing, fp16
+ * ("1" on, anything else off), pool=best[<N>] (N <= 1000, default 100), local, shared, one,
+ * unlocked or none. */
+#ifndef EP_NCNN_SWITCHES_H
+#define EP_NCNN_SWITCHES_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ep_runtime.h"
+
+typedef enum {
+    EP_NCNN_SW_END = 0, /* the list is used up */
+    EP_NCNN_SW_WINOGRAD,
+    EP_NCNN_SW_SGEMM,
+    EP_NCNN_SW_PACKING,
+    EP_NCNN_SW_FP16,
+    EP_NCNN_SW_POOL,
+} ep_ncnn_switch_key;
+
+typedef enum {
+    EP_NCNN_POOL_LOCAL = 0, /* ncnn's own per-net pools */
+    EP_NCNN_POOL_NONE,      /* plain malloc */
+    EP_NCNN_POOL_SHARED,    /* one PoolAllocator each for blobs and workspace */
+    EP_NCNN_POOL_ONE,       /* one PoolAllocator for both */
+    EP_NCNN_POOL_UNLOCKED,  /* UnlockedPoolAllocators */
+    EP_NCNN_POOL_BEST,      /* ep_ncnn_pool.cc's best-fit pool (for both), with slack */
+} ep_ncnn_pool_kind;
+
+typedef struct {
+    ep_ncnn_switch_key key;
+    int on;                 /* winograd, sgemm, packing, fp16 */
+    ep_ncnn_pool_kind pool; /* pool */
+    unsigned slack;         /* pool=best<N>: a cached buffer serves requests down to 1/(1+N%) of its size */
+} ep_ncnn_switch;
+
+/* The next item of *list into *sw (key EP_NCNN_SW_END once the list, or a NULL list, is used up);
+ * *list moves past it. EP_OK, or EP_ERR_MODEL with the offending item named in st. */
+static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status *st) {
+    const char *p = *list;
+    memset(sw, 0, sizeof *sw);
+    if (!p || !*p) return EP_OK;
+    const char *end = strchr(p, ',');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char item[64];
+    if (n == 0 || n >= sizeof item)
+        return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: bad switch list near '%.20s'", p);
+    memcpy(item, p, n);
+    item[n] = 0;
+    *list = end ? end + 1 : NULL;
+    char *eq = strchr(item, '=');
+    if (!eq) return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: switch '%s' has no '='", item);
+    *eq = 0;
+    const char *k = item, *v = eq + 1;
+    sw->on = strcmp(v, "1") == 0;
+    if (strcmp(k, "winograd") == 0) sw->key = EP_NCNN_SW_WINOGRAD;
+    else if (strcmp(k, "sgemm") == 0) sw->key = EP_NCNN_SW_SGEMM;
+    else if (strcmp(k, "packing") == 0) sw->key = EP_NCNN_SW_PACKING;
+    else if (strcmp(k, "fp16") == 0) sw->key = EP_NCNN_SW_FP16;
+    else if (strcmp(k, "pool") == 0) {
+        sw->key = EP_NCNN_SW_POOL;
+        sw->slack = 100;
+        if (strcmp(v, "local") == 0) sw->pool = EP_NCNN_POOL_LOCAL;
+        else if (strcmp(v, "none") == 0) sw->pool = EP_NCNN_POOL_NONE;
+        else if (strcmp(v, "shared") == 0) sw->pool = EP_NCNN_POOL_SHARED;
+        else if (strcmp(v, "one") == 0) sw->pool = EP_NCNN_POOL_ONE;
+        else if (strcmp(v, "unlocked") == 0) sw->pool = EP_NCNN_POOL_UNLOCKED;
+        else {
+            int ok = strncmp(v, "best", 4) == 0;
+            if (ok && v[4]) {
+                char *end_n;
+                unsigned long slack = strtoul(v + 4, &end_n, 10);
+                /* digits only: strtoul would take a sign or leading blanks */
+                if (v[4] < '0' || v[4] > '9' || *end_n || slack > 1000) ok = 0;
+                else sw->slack = (unsigned)slack;
+            }
+            if (!ok) {
+                sw->key = EP_NCNN_SW_END;
+                return ep_fail(st, EP_ERR_MODEL,
+                               "EDGEPACK_NCNN_OPTIONS: pool=%s: best, local, shared, one, unlocked or none", v);
+            }
+            sw->pool = EP_NCNN_POOL_BEST;
+        }
+    } else {
+        return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: unknown switch '%s' (winograd, sgemm, "
+                       "packing, fp16, pool)", k);
+    }
+    return EP_OK;
+}
+
+#endif
