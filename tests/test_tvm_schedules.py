@@ -146,6 +146,20 @@ def test_vector_width_follows_the_isa_level():
     assert vector_bits(arm) == 128
 
 
+def test_each_isa_level_gets_its_own_schedule_from_one_fused_module():
+    """compile.py schedules one fused module once per ISA level: scheduling must leave that module
+    as it was (it once marked every kernel scheduled in place, so the x86-64-v3/v4 copies kept the
+    baseline's 128-bit schedules)."""
+    x = _rand(8, 64)
+    fused = fuse(_module({"x": x}, lambda bb, v: relax.op.matmul(v, relax.const(_rand(64, 64)))), _target())
+    gv = next(g for g, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
+    base, _ = apply_default_schedules(fused, _target())
+    assert "tirx.is_scheduled" not in (fused[gv].attrs or {})
+    v3, used = apply_default_schedules(fused, _target(mcpu="x86-64-v3"))
+    assert used == {"tile": 1}
+    assert "T.vectorized(T.int64(4))" in base[gv].script() and "T.vectorized(T.int64(8))" in v3[gv].script()
+
+
 def test_schedule_is_deterministic():
     x = _rand(1, 8, 10, 14)
     fused = fuse(_module({"x": x}, lambda bb, v: relax.op.nn.conv2d(v, relax.const(_rand(8, 8, 3, 3)), padding=1)),

@@ -49,6 +49,11 @@ def apply_default_schedules(mod, target) -> tuple[object, Counter]:
         used[name] += 1
         if new is not None:
             updates[gv] = new.with_attr("tirx.is_scheduled", True)
+    if updates:
+        # a copy: mod[gv] = ... updates the module in place, and compile.py schedules the same fused
+        # module once per ISA level; in place, the first level's schedules (baseline, 128-bit vectors)
+        # marked every kernel scheduled and the x86-64-v3/v4 copies kept them
+        mod = mod.clone()
     for gv, func in updates.items():
         mod[gv] = func
     return mod, used
@@ -56,6 +61,14 @@ def apply_default_schedules(mod, target) -> tuple[object, Counter]:
 
 def schedule_func(func, target):
     """(rule name, scheduled PrimFunc) for one kernel, or ("naive", None)."""
+    name, sch = default_schedule(func, target)
+    return name, (sch.mod["main"] if sch is not None else None)
+
+
+def default_schedule(func, target):
+    """(rule name, the s_tir.Schedule, whose trace replays it) for one kernel, or ("naive", None).
+    tuning.py commits the trace as a record competing with MetaSchedule's (a tuned record that
+    measured slower than this schedule then never replaces it)."""
     from tvm import s_tir
     from tvm.s_tir import dlight as dl
     # dlight's GEMV rule is left out: its schedules took LLVM 55 s per kernel for x86-64-v4 (the 1x1
@@ -74,7 +87,7 @@ def schedule_func(func, target):
             except Exception:  # a primitive refused (TVM checks every step), or dlight asserted
                 sch = None
             if sch is not None:
-                return name, sch.mod["main"]
+                return name, sch
     return "naive", None
 
 
