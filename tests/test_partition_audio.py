@@ -84,6 +84,21 @@ def vad_inputs(seed: int) -> dict[str, np.ndarray]:
             "c": (rng.standard_normal((1, 1, HIDDEN)) * 0.5).astype(np.float32)}
 
 
+def test_plan_pins_only_the_input_reshape_to_tvm(tmp_path):
+    from edgepack.model import load_model, simplify
+    from edgepack.partition import plan
+    from test_partition_tokens import _ort, _through_segments
+    model = simplify(load_model(chunked_vad(tmp_path / "vad.onnx")))
+    p = plan(model, {"ncnn": lambda op: True, "tvm": lambda op: True})  # NCNN's op table takes every op
+    assert p.backends == ("tvm", "ncnn") and p.segments[0].ops == ("Reshape",), p.describe()
+    assert {"Conv", "LSTM", "Pad", "Slice"} <= set(p.segments[1].ops)
+    assert p.segments[0].inputs == ("input",) and set(p.segments[1].outputs) == {"probs", "hn", "cn"}
+    feeds = vad_inputs(5)
+    got, want = _through_segments(p, feeds), _ort(model.proto, feeds)
+    for name in ("probs", "hn", "cn"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
 # ---- a real x86_64 artifact (pnnx, TVM, zig) -----------------------------------------------------
 
 def test_chunked_vad_artifact_keeps_its_front_end_on_ncnn(tmp_path):
