@@ -94,8 +94,12 @@ class _Lift:
         for x in node.input:
             if x and x not in self.layout and x not in gr.consts:
                 raise _Refuse(f"{node.name} mixes lifted and unlifted tensors")
-        if node.input[0] not in self.layout and op not in BINARY:
-            raise _Refuse(f"{node.name}: lifted operand other than the first")
+        if op in BINARY:
+            if any(len(self.shape(x)) != rank for x in lifted):
+                # [N, C, W] + [N, W] broadcasts N against C in ONNX, chunk against chunk when held
+                raise _Refuse(f"{node.name}: lifted operands of different ranks")
+        elif lifted != [node.input[0]]:
+            raise _Refuse(f"{node.name}: a lifted operand other than the first")
         out = node.output[0]
         if op in UNARY or (op in ELEMENTWISE and len(node.input) == 1):
             self.layout[out] = layout

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from test_partition_audio import CHUNKS, WIDTH, chunked_vad, vad_inputs
+from audio_fixtures import CHUNKS, WIDTH, chunked_vad, vad_inputs
 
 from edgepack.partition_lift import PIN
 from edgepack.partition_lift_signal import lift_signal
