@@ -78,16 +78,17 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
                "tasks": res.tasks, "tasks_reused": res.tuned_before, "tasks_tuned": res.tuned_now,
                "records": res.records, "seconds": round(res.seconds, 1), "budget_s": res.budget_s,
                "proxy": res.proxy, "label": label, "measured_with": res.measured_with,
-               "ms_untuned": res.ms_before, "ms_tuned": res.ms_after}
+               "ms_untuned": res.ms_before, "ms_tuned": res.ms_after, "tasks_default_kept": res.defaults_kept}
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
         out_console.print(f"tuning database: {escape(str(res.path))} ({res.records} records; {label})")
         out_console.print(f"tasks: {res.tasks}; with a schedule: {res.tuned_now} ({res.tuned_before} reused from "
-                          f"earlier tunes); {res.trials} candidates measured in {res.seconds:.0f} s")
+                          f"earlier tunes); {res.trials} candidates measured in {res.seconds:.0f} s; "
+                          f"{res.defaults_kept} keep their default schedule (nothing tuned measured faster)")
         if res.ms_before is not None and res.ms_after is not None:
             where = "this machine as a proxy" if res.proxy else "this machine"
-            out_console.print(f"what it bought: {res.ms_before:.2f} ms untuned -> {res.ms_after:.2f} ms tuned "
+            out_console.print(f"what it bought: {res.ms_before:.2f} ms untuned (default schedules) -> {res.ms_after:.2f} ms tuned "
                               f"({res.ms_before / max(res.ms_after, 1e-9):.1f}x, TVM in-process on {where}, "
                               f"mcpu {res.measured_with.get('mcpu')})")
         if out_db:

@@ -13,6 +13,13 @@ budget is spent. Settings are sized for a 2-core machine (small populations, sho
 small batches): the defaults (population 512, 64 per batch) spent 6 minutes generating the first
 batch of one task before measuring anything (issue 10).
 
+Tuning never makes a kernel slower than the build without it: the default schedule of every task
+(schedules.py, what a build without records runs) is measured with the same builder and runner
+as MetaSchedule's candidates and committed as one more record, so the database's best record per
+workload, which builds apply, is a tuned schedule only where one measured faster. (Without this, a
+20-minute budget over 29 tasks left most tasks with one batch of random candidates, worse than the
+default schedules, and builds applied them.)
+
 The builder trap (shared notes): MetaSchedule's default builder imports tvm.s_tir.tensor_intrin
 in every worker (~27 s under load), over its 30 s timeout, and every candidate then fails as
 "Build errors" with no message. edgepack's builder function skips that import and gets a
@@ -36,6 +43,7 @@ from ...runner import host_arch
 from ...targets import Target
 from .runtime_lib import TVM_VERSION
 from .target_map import isa_variants, target_dict
+from .tuning_defaults import default_records, defaults_kept
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
 DB_VERSION = 2  # 2: one database per target, accumulating across models
@@ -175,6 +183,7 @@ class TuneResult:
     ms_before: float | None  # the model untuned, measured here (TVM in-process), ms
     ms_after: float | None   # with the database
     measured_with: dict = field(default_factory=dict)
+    defaults_kept: int = 0   # of the model's tasks, those whose best record is the default schedule
 
 
 def tune(model: LoadedModel, target: Target, trials: int | None = None, *, budget_s: float | None = None,
@@ -192,6 +201,25 @@ def tune(model: LoadedModel, target: Target, trials: int | None = None, *, budge
 def _has_record(database, task) -> bool:
     mod = task.dispatched[0]
     return bool(database.has_workload(mod) and database.get_top_k(database.commit_workload(mod), 1))
+
+
+def _budget_builder(inner, deadline: float):
+    """``inner`` until the deadline, then a builder that fails every candidate at once. MetaSchedule's
+    task scheduler sends every task one batch before it collects any result (and so before the
+    measure callback below can stop it): 29 tasks at 1-2.5 min a batch on a loaded 2-core machine ran
+    a 20-minute budget past 35 minutes with no result collected. Failing the builds after the deadline
+    ends that round in seconds; tasks left without a tuned record keep their default schedule."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+
+    @derived_object
+    class BudgetBuilder(PyBuilder):
+        def build(self, build_inputs):
+            if time.monotonic() >= deadline:
+                return [BuilderResult(None, "edgepack: time budget spent") for _ in build_inputs]
+            return inner.build(build_inputs)
+
+    return BudgetBuilder()
 
 
 def _deadline_callback(deadline: float, counter: list, log, progress=None, t_start: float = 0.0,
@@ -252,18 +280,21 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
         log(f"{len(extracted)} tuning tasks; {tuned_before} already in the database (reused), {len(todo)} to tune"
             + (f" within {budget_s:.0f} s" if budget_s else ""))
         counter = [0, 0]
+        deadline = t_start + budget_s if budget_s else float("inf")
+        local = ms.builder.LocalBuilder(max_workers=workers, timeout_sec=BUILDER_TIMEOUT_S, f_build=_build_candidate)
+        builder = _budget_builder(local, deadline)
+        runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1,
+                                                                                  min_repeat_ms=0))
+        # measured before the search (inside the budget), committed after it: MetaSchedule's search
+        # replays database records as seeds and aborts on one its postprocessors reject
+        defaults = default_records(extracted, database, tvm_target, local, runner, log)
         if todo:
             contexts, weights = extracted_tasks_to_tune_contexts(
                 todo, work_dir=str(work), seed=0,
                 strategy=ms.search_strategy.EvolutionarySearch(
                     population_size=POPULATION, init_min_unmeasured=INIT_MIN_UNMEASURED,
                     genetic_num_iters=GENETIC_ITERS))
-            builder = ms.builder.LocalBuilder(max_workers=workers, timeout_sec=BUILDER_TIMEOUT_S,
-                                              f_build=_build_candidate)
-            runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1,
-                                                                                      min_repeat_ms=0))
             callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
-            deadline = t_start + budget_s if budget_s else float("inf")
             cap = trials if trials is not None else MAX_TRIALS_PER_TASK * len(todo)
             progress = StepProgress(f"tuning {len(todo)} tasks", log, unit="s of the budget" if budget_s else "candidates")
             callbacks.append(_deadline_callback(deadline, counter, log, progress, t_start, budget_s, cap))
@@ -276,6 +307,12 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
             except Exception as exc:
                 raise BuildError(f"tuning failed: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__}",
                                  hint=f"logs in {work / 'logs'}") from exc
+        for rec in defaults:
+            database.commit_tuning_record(rec)
+        kept = defaults_kept(extracted, database, tvm_target)
+        if defaults or kept:
+            log(f"default schedules measured for {len(defaults)} tasks; {kept} of {len(extracted)} tasks keep "
+                "theirs (no tuned candidate measured faster)")
         tuned_now = sum(1 for t in extracted if _has_record(database, t))
         records = len(database.get_all_tuning_records())
         if records == 0:
@@ -293,11 +330,11 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
             "model": model.name, "model_sha256": model_key(model), "tasks": len(extracted),
             "tuned_before": tuned_before, "tuned_now": tuned_now, "trials": counter[0],
             "budget_s": budget_s, "trial_cap": trials, "seconds": round(seconds, 1),
-            "ms_before": ms_before, "ms_after": ms_after, "proxy": proxy})
+            "ms_before": ms_before, "ms_after": ms_after, "proxy": proxy, "defaults_kept": kept})
         (work / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
         _publish(work, dest)
     return TuneResult(dest, counter[0], len(extracted), tuned_before, tuned_now, records, seconds, proxy,
-                      budget_s, ms_before, ms_after, measure_dict)
+                      budget_s, ms_before, ms_after, measure_dict, kept)
 
 
 def _lines(path: Path) -> int:
@@ -326,14 +363,18 @@ def _publish(work: Path, dest: Path) -> None:
 
 
 def _measure_ms(model: LoadedModel, fused, tvm_target, db_dir: Path | None) -> float | None:
-    """Median ms of the model built in-process for the measuring target (with the database)."""
+    """Median ms of the model built in-process for the measuring target as a build does it: the
+    database's records (when given), then the default schedules for what they left."""
     import numpy as np
     import tvm
     from tvm import relax
-    from .compile import apply_database, lower_pipeline
+    from .compile import apply_database, default_schedules_enabled, lower_pipeline
+    from .schedules import apply_default_schedules
     from ...reference import random_inputs
     try:
         mod = apply_database(fused, tvm_target, db_dir) if db_dir is not None else fused
+        if default_schedules_enabled():
+            mod, _used = apply_default_schedules(mod, tvm_target)
         with tvm.transform.PassContext(opt_level=3):
             ex = relax.build(mod, target=tvm_target, relax_pipeline=lower_pipeline(tvm_target))
         dev = tvm.cpu()
