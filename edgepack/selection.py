@@ -6,9 +6,12 @@
   ``--bench-on DEVICE`` of the target's architecture) every candidate that verifies is built and the
   candidates are timed side by side; the fastest is kept. One rule keeps build time sane: a whole-graph
   TVM build is not tried once a whole-graph NCNN build verified, unless a tuning database would
-  schedule it. Measured (docs/benchmarks.md): untuned TVM is 2.6-66x slower than NCNN on every model
-  both can build (2.6x on the smallest CNN, 20x and more on the others), and tuned TVM still ~10x on
-  the CRNN, so building it is minutes spent on a candidate that loses. After the NCNN+TVM split, which runs TVM code too, whole-graph TVM is built and timed.
+  schedule it. Re-measured with the default schedules (2026-12-01, `bench/bench_tvm_untuned.py --ncnn`,
+  1 thread, alternating rounds): untuned TVM / NCNN = 1.17x silero_vad, 1.25x ppocr_cls, 1.55x
+  orientation, 3.7x nudenet_320n, 6.3x ddddocr_crnn: TVM lost on every model both can build, and its
+  build took 1-4x NCNN's (75-630 s), so building it is minutes spent on a candidate that loses. No
+  predictor was needed: there was no class of model on which it won. After the NCNN+TVM split, which
+  runs TVM code too, whole-graph TVM is built and timed.
 * ``all``: every candidate that verifies is built and timed (no rule).
 * ``first``: the first candidate that verifies (NCNN first), nothing timed.
 
@@ -104,7 +107,7 @@ def skip_reason(name: str, verified: list, target, tuning_db: str | None, policy
     if db is not None:
         return None
     return (f"tvm not built: {ncnn[0].backend} verified and TVM has no tuning database for {target.name} "
-            f"(untuned TVM measured 2.6-66x slower than NCNN; --select all builds it anyway)")
+            f"(untuned TVM measured 1.2-6.3x slower than NCNN; --select all builds it anyway)")
 
 
 def _bench_json(text: str) -> float:
