@@ -9,10 +9,9 @@
   schedule it. Re-measured with the default schedules (2026-12-01, `bench/bench_tvm_untuned.py --ncnn`,
   1 thread, alternating rounds): untuned TVM / NCNN = 1.17x silero_vad, 1.25x ppocr_cls, 1.55x
   orientation, 2.7x captcha_crnn, 3.7x nudenet_320n, 6.3x ddddocr_crnn (geomean 2.3x): TVM lost on
-  every model both can build, and its
-  build took 1-4x NCNN's (75-630 s), so building it is minutes spent on a candidate that loses. No
-  predictor was needed: there was no class of model on which it won. After the NCNN+TVM split, which
-  runs TVM code too, whole-graph TVM is built and timed.
+  every model both can build, and its build took 1-4x NCNN's (75-630 s), so building it is minutes
+  spent on a candidate that loses. No predictor was needed: there was no class of model on which it
+  won. After the NCNN+TVM split, which runs TVM code too, whole-graph TVM is built and timed.
 * ``all``: every candidate that verifies is built and timed (no rule).
 * ``first``: the first candidate that verifies (NCNN first), nothing timed.
 
