@@ -230,7 +230,8 @@ def _deadline_callback(deadline: float, counter: list, log, progress=None, t_sta
     @derived_object
     class StopAtDeadline(PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
-            counter[0] += len(measure_candidates)
+            # candidates built and run: those failed after the budget (_budget_builder) do not count
+            counter[0] += sum(1 for b in builder_results if b.error_msg is None)
             if progress is not None:  # by the budget's seconds, or by candidates under a trial cap
                 if budget_s:
                     progress.update(min(int(time.monotonic() - t_start), int(budget_s)), int(budget_s))
