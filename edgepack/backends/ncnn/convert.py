@@ -134,22 +134,46 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
 
 def _convert_in(root: Path, model: LoadedModel, proto, rewrites: tuple[str, ...], fp16: str, precision: str,
                 key: str, log) -> dict:
-    """pnnx on ``proto`` into ``root`` (one retry after rewrite_for_ncnn), checked; the convert.json meta."""
+    """pnnx on ``proto`` into ``root``, checked; the convert.json meta. One retry on the graph
+    rewrite_for_ncnn makes, when pnnx left layers ncnn cannot load (batch-axis reshapes/slices, strided
+    slices, an LSTM not in torch's export form) or, failing that, when the converted model disagrees
+    with onnxruntime (pnnx took a sequence axis for the batch: seq_first.py). The check always
+    compares against onnxruntime on the original model."""
     layers = _run_pnnx(model, proto, root, fp16)
     if _leftovers(layers) or not _loads(root / "model.ncnn.param"):
-        # pnnx left layers ncnn cannot load (batch-axis reshapes/slices, strided slices, an LSTM
-        # not in torch's export form): retry once on an equivalent graph without them; the check
-        # below still compares against onnxruntime on the original model.
-        try:
-            rewritten, applied = rewrite_for_ncnn(proto)
-        except Exception as exc:  # a rewrite bug must cost only the retry, not the build
-            log(f"ONNX rewrites failed ({type(exc).__name__}: {exc}); keeping pnnx's first result")
-            applied = {}
-        if applied:
-            rewrites += tuple(f"{k} x{v}" for k, v in sorted(applied.items()))
+        again = _rewritten(proto, log)
+        if again:
+            rewritten, applied = again
             left = sorted({t for t, _ in _leftovers(layers)}) or ["a layer ncnn cannot load"]
-            log(f"pnnx left {', '.join(left)}; retrying after ONNX rewrites: {', '.join(rewrites)}")
-            layers = _run_pnnx(model, rewritten, root, fp16)
+            log(f"pnnx left {', '.join(left)}; retrying after ONNX rewrites: {', '.join(applied)}")
+            return _checked(root, model, _run_pnnx(model, rewritten, root, fp16), rewrites + applied, precision, key)
+    try:
+        return _checked(root, model, layers, rewrites, precision, key)
+    except VerificationError as exc:
+        again = _rewritten(proto, log)
+        if not again:
+            raise
+        rewritten, applied = again
+        log(f"{exc.message}; retrying after ONNX rewrites: {', '.join(applied)}")
+        try:
+            return _checked(root, model, _run_pnnx(model, rewritten, root, fp16), rewrites + applied, precision, key)
+        except (UnsupportedOpError, VerificationError) as retry_exc:
+            log(f"after the rewrites: {retry_exc.message}")
+            raise exc from None
+
+
+def _rewritten(proto, log) -> tuple[object, tuple[str, ...]] | None:
+    """rewrite_for_ncnn on ``proto``: (the rewritten graph, "name xN" per rewrite), None if none applied."""
+    try:
+        rewritten, applied = rewrite_for_ncnn(proto)
+    except Exception as exc:  # a rewrite bug must cost only the retry, not the build
+        log(f"ONNX rewrites failed ({type(exc).__name__}: {exc}); keeping pnnx's first result")
+        return None
+    return (rewritten, tuple(f"{k} x{v}" for k, v in sorted(applied.items()))) if applied else None
+
+
+def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], precision: str, key: str) -> dict:
+    """pnnx's result in ``root`` loaded by the ncnn wheel and compared with onnxruntime; the meta."""
     left = _leftovers(layers)
     if left:
         from ...partition_probe import record
