@@ -54,6 +54,7 @@ POPULATION = 64
 GENETIC_ITERS = 2
 INIT_MIN_UNMEASURED = 16
 MAX_TRIALS_PER_TASK = 256
+MEASURE_THREADS = 1  # what `auto` times artifacts with (selection.BENCH_THREADS)
 
 
 def model_key(model: LoadedModel) -> str:
@@ -194,8 +195,21 @@ def tune(model: LoadedModel, target: Target, trials: int | None = None, *, budge
     if trials is not None and trials < 1:
         raise UsageError("--trials must be at least 1")
     with TVM_LOCK:
-        import_tvm()
-        return _tune(model, target, trials, budget_s, out_dir=out_dir, workers=workers, measure=measure, log=log)
+        # candidates are timed with the threads the artifact is timed with (selection.py: 1): timed
+        # on every core, parallel schedules won that ran slower on 1 thread (orientation, 20m budget:
+        # 5 tuned kernels made the artifact 13.6 -> 18.5 ms on 1 thread, 13.3 -> 10.6 ms on 2).
+        # Runner workers inherit the variable when they start, TVM's thread pool reads it then.
+        saved = os.environ.get("TVM_NUM_THREADS")
+        os.environ["TVM_NUM_THREADS"] = str(MEASURE_THREADS)
+        try:
+            import_tvm()
+            return _tune(model, target, trials, budget_s, out_dir=out_dir, workers=workers, measure=measure,
+                         log=log)
+        finally:
+            if saved is None:
+                os.environ.pop("TVM_NUM_THREADS", None)
+            else:
+                os.environ["TVM_NUM_THREADS"] = saved
 
 
 def _has_record(database, task) -> bool:
@@ -325,6 +339,7 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
         seconds = time.monotonic() - t_start
         meta = _read_meta(dest)
         meta.update({"target": target.name, "target_dict": target_dict(target), "measured_with": measure_dict,
+                     "measure_threads": MEASURE_THREADS,
                      "proxy": proxy or meta.get("proxy", False), "tvm": TVM_VERSION, "records": records,
                      "workloads": _lines(work / DB_FILES[0])})
         meta.setdefault("models", []).append({
