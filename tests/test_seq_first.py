@@ -27,38 +27,46 @@ from edgepack.runner import run_artifact
 T, C, H, K = 12, 16, 12, 10
 
 
-def seq_first_crnn(path: Path) -> Path:
-    rng = np.random.default_rng(23)
+def _model(path: Path, lstm: bool, seed: int) -> Path:
+    """A convolution over a 1x8x(T*2) image, the width as time ([T, 1, C, 1]), then with `lstm` a
+    bidirectional time-major LSTM flattened to rows [T, 2H], else the features as rows [T, C]; the
+    rows divided by their own maximum (Reshape [1, 1, 1, N] -> GlobalMaxPool), a classifier and a
+    Reshape back to [T, 1, K]."""
+    rng = np.random.default_rng(seed)
 
     def init(name, arr):
         return numpy_helper.from_array(np.asarray(arr), name)
 
+    width = 2 * H if lstm else C
     inits = [init("convw", (rng.standard_normal((C, 1, 8, 2)) * 0.3).astype(np.float32)),
              init("convb", (rng.standard_normal(C) * 0.1).astype(np.float32)),
-             init("seqshape", np.array([T, 1, C], np.int64)),
-             init("W", (rng.standard_normal((2, 4 * H, C)) * 0.3).astype(np.float32)),
-             init("R", (rng.standard_normal((2, 4 * H, H)) * 0.3).astype(np.float32)),
-             init("B", (rng.standard_normal((2, 8 * H)) * 0.1).astype(np.float32)),
-             init("flat", np.array([T, 2 * H], np.int64)), init("all4", np.array([1, 1, 1, T * 2 * H], np.int64)),
+             init("flat", np.array([T, width], np.int64)), init("all4", np.array([1, 1, 1, T * width], np.int64)),
              init("one", np.array([1], np.int64)), init("eps", np.array(1e-2, np.float32)),
-             init("Wc", rng.standard_normal((2 * H, K)).astype(np.float32)),
+             init("Wc", rng.standard_normal((width, K)).astype(np.float32)),
              init("bc", (rng.standard_normal(K) * 0.1).astype(np.float32)),
              init("back", np.array([T, 1, K], np.int64))]
     nodes = [helper.make_node("Conv", ["image", "convw", "convb"], ["feat"], kernel_shape=[8, 2], strides=[1, 2]),
              helper.make_node("Relu", ["feat"], ["featr"]),                                # [1, C, 1, T]
-             helper.make_node("Transpose", ["featr"], ["tmaj"], perm=[3, 0, 1, 2]),        # [T, 1, C, 1]
-             helper.make_node("Reshape", ["tmaj", "seqshape"], ["seq"]),                   # [T, 1, C]
-             helper.make_node("LSTM", ["seq", "W", "R", "B"], ["y"], hidden_size=H, direction="bidirectional"),
-             helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),              # [T, 1, 2, H]
-             helper.make_node("Reshape", ["yt", "flat"], ["rows"]),                        # [T, 2H]
-             helper.make_node("Reshape", ["rows", "all4"], ["y4"]),
-             helper.make_node("GlobalMaxPool", ["y4"], ["m4"]),
-             helper.make_node("Reshape", ["m4", "one"], ["m"]),
-             helper.make_node("Add", ["m", "eps"], ["scale"]),
-             helper.make_node("Div", ["rows", "scale"], ["norm"]),
-             helper.make_node("MatMul", ["norm", "Wc"], ["logits"]),
-             helper.make_node("Add", ["logits", "bc"], ["biased"]),
-             helper.make_node("Reshape", ["biased", "back"], ["out"])]                     # [T, 1, K]
+             helper.make_node("Transpose", ["featr"], ["tmaj"], perm=[3, 0, 1, 2])]        # [T, 1, C, 1]
+    if lstm:
+        inits += [init("seqshape", np.array([T, 1, C], np.int64)),
+                  init("W", (rng.standard_normal((2, 4 * H, C)) * 0.3).astype(np.float32)),
+                  init("R", (rng.standard_normal((2, 4 * H, H)) * 0.3).astype(np.float32)),
+                  init("B", (rng.standard_normal((2, 8 * H)) * 0.1).astype(np.float32))]
+        nodes += [helper.make_node("Reshape", ["tmaj", "seqshape"], ["seq"]),              # [T, 1, C]
+                  helper.make_node("LSTM", ["seq", "W", "R", "B"], ["y"], hidden_size=H, direction="bidirectional"),
+                  helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),         # [T, 1, 2, H]
+                  helper.make_node("Reshape", ["yt", "flat"], ["rows"])]                   # [T, 2H]
+    else:
+        nodes.append(helper.make_node("Reshape", ["tmaj", "flat"], ["rows"]))              # [T, C]
+    nodes += [helper.make_node("Reshape", ["rows", "all4"], ["y4"]),
+              helper.make_node("GlobalMaxPool", ["y4"], ["m4"]),
+              helper.make_node("Reshape", ["m4", "one"], ["m"]),
+              helper.make_node("Add", ["m", "eps"], ["scale"]),
+              helper.make_node("Div", ["rows", "scale"], ["norm"]),
+              helper.make_node("MatMul", ["norm", "Wc"], ["logits"]),
+              helper.make_node("Add", ["logits", "bc"], ["biased"]),
+              helper.make_node("Reshape", ["biased", "back"], ["out"])]                    # [T, 1, K]
     f = TensorProto.FLOAT
     graph = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("image", f, [1, 1, 8, 2 * T])],
                               [helper.make_tensor_value_info("out", f, [T, 1, K])], inits)
@@ -67,41 +75,16 @@ def seq_first_crnn(path: Path) -> Path:
     onnx.checker.check_model(m, full_check=True)
     onnx.save(m, str(path))
     return path
+
+
+def seq_first_crnn(path: Path) -> Path:
+    return _model(path, lstm=True, seed=23)
 
 
 def conv_scaled_tail(path: Path) -> Path:
     """The same range-scaled tail without an LSTM: pnnx converts it to layers ncnn loads, and only
     the check against onnxruntime shows the T axis taken for the batch (ncnn gives (1, K))."""
-    rng = np.random.default_rng(5)
-
-    def init(name, arr):
-        return numpy_helper.from_array(np.asarray(arr), name)
-
-    inits = [init("convw", (rng.standard_normal((C, 1, 8, 2)) * 0.3).astype(np.float32)),
-             init("convb", (rng.standard_normal(C) * 0.1).astype(np.float32)),
-             init("flat", np.array([T, C], np.int64)), init("all4", np.array([1, 1, 1, T * C], np.int64)),
-             init("one", np.array([1], np.int64)), init("eps", np.array(1e-2, np.float32)),
-             init("Wc", rng.standard_normal((C, K)).astype(np.float32)),
-             init("back", np.array([T, 1, K], np.int64))]
-    nodes = [helper.make_node("Conv", ["image", "convw", "convb"], ["feat"], kernel_shape=[8, 2], strides=[1, 2]),
-             helper.make_node("Relu", ["feat"], ["featr"]),
-             helper.make_node("Transpose", ["featr"], ["tmaj"], perm=[3, 0, 1, 2]),        # [T, 1, C, 1]
-             helper.make_node("Reshape", ["tmaj", "flat"], ["rows"]),                      # [T, C]
-             helper.make_node("Reshape", ["rows", "all4"], ["y4"]),
-             helper.make_node("GlobalMaxPool", ["y4"], ["m4"]),
-             helper.make_node("Reshape", ["m4", "one"], ["m"]),
-             helper.make_node("Add", ["m", "eps"], ["scale"]),
-             helper.make_node("Div", ["rows", "scale"], ["norm"]),
-             helper.make_node("MatMul", ["norm", "Wc"], ["logits"]),
-             helper.make_node("Reshape", ["logits", "back"], ["out"])]                     # [T, 1, K]
-    f = TensorProto.FLOAT
-    graph = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("image", f, [1, 1, 8, 2 * T])],
-                              [helper.make_tensor_value_info("out", f, [T, 1, K])], inits)
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    onnx.checker.check_model(m, full_check=True)
-    onnx.save(m, str(path))
-    return path
+    return _model(path, lstm=False, seed=5)
 
 
 def _build_keeps_ncnn_and_agrees(model: Path, tmp_path: Path) -> dict:
