@@ -87,7 +87,9 @@ def run_forked(fn, args: tuple = (), timeout: float = 600.0) -> tuple[str, objec
 
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=child, args=(send,), daemon=True)
+    # not a daemon: a daemonic process may not start children, and run_forked nests (node_suite runs
+    # a conversion in a child, whose ncnn check forks again); this function always joins or kills it
+    proc = ctx.Process(target=child, args=(send,), daemon=False)
     proc.start()
     send.close()
     try:

@@ -21,3 +21,26 @@ def test_run_streaming_failure_names_the_log_and_the_tail(tmp_path):
                            on_line=lambda line: None, log=log)
     assert "building x failed with exit code 3" in exc.value.message and str(log) in exc.value.message
     assert "error: no such layer" in exc.value.message
+
+
+def _forked_square(x):
+    return x * x
+
+
+def _forked_twice(x):
+    # a forked child forking again: node_suite runs a conversion in a child, and the conversion's
+    # ncnn check forks its own (a daemonic child could not: "daemonic processes are not allowed
+    # to have children", which the conversion cache had hidden)
+    return proc.run_forked(_forked_square, (x,), timeout=60)
+
+
+def test_run_forked_nests_and_reports_what_the_child_raised():
+    assert proc.run_forked(_forked_twice, (7,), timeout=120) == ("ok", ("ok", 49))
+    kind, (cls, message, _) = proc.run_forked(_forked_square, ("a",), timeout=60)
+    assert kind == "raised" and cls is None and message.startswith("TypeError")
+
+
+def test_run_forked_reports_a_dead_child():
+    import os
+    kind, why = proc.run_forked(os.abort, (), timeout=60)
+    assert kind == "died" and why.startswith("exit "), why
