@@ -60,6 +60,7 @@ class Row:
     error: str | None = None
     file: str | None = None
     skipped: list[str] = field(default_factory=list)
+    commit: str | None = None       # the edgepack commit this row was measured on (rows come from several runs)
 
     @property
     def ratio(self) -> float | None:
@@ -320,11 +321,19 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # a benchmark failure is a row note, not the end of the run
                     r.error = f"bench: {exc}"
             print(text_table([r]).splitlines()[1], file=sys.stderr, flush=True)
+        for r in new:
+            r.commit = _commit()
         rows += new
+        if args.update and args.json.is_file():
+            # read again: another run may have updated other models' rows since this one started
+            kept = kept_rows(json.loads(args.json.read_text())["rows"], {e.name for e in entries},
+                             set(args.targets.split(",")))
         everything = sorted(kept + rows, key=lambda r: order.index(r.model) if r.model in order else len(order))
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        commits = {r.commit for r in everything}   # None: a row from before rows carried their commit
         args.json.write_text(json.dumps({"targets": ",".join(sorted({r.target for r in everything} - {"-"})), "runs": args.runs, "rounds": args.rounds,
-                                         "edgepack_commit": _commit(),
+                                         "edgepack_commit": next(iter(commits)) if len(commits) == 1 and None not in commits
+                                         else "per row (several runs)",
                                          "rows": [r.__dict__ | {"ratio": r.ratio} for r in everything]}, indent=1))
     rows = sorted(kept + rows, key=lambda r: order.index(r.model) if r.model in order else len(order))
     print(markdown_table(rows) if args.markdown else text_table(rows))
