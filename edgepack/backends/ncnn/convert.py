@@ -159,6 +159,9 @@ def _convert_in(root: Path, model: LoadedModel, proto, rewrites: tuple[str, ...]
             return _checked(root, model, _run_pnnx(model, rewritten, root, fp16), rewrites + applied, precision, key)
         except (UnsupportedOpError, VerificationError) as retry_exc:
             log(f"after the rewrites: {retry_exc.message}")
+            if isinstance(retry_exc, VerificationError):  # the rewrites got further: theirs is the error to show
+                raise VerificationError(f"{retry_exc.message} (after ONNX rewrites: {', '.join(applied)})",
+                                        hint=retry_exc.hint) from None
             raise exc from None
 
 
