@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ...onnx_index import tensor_infos
+
 VERSION = 1  # part of the conversion cache key: bump when the rewritten graph changes
 
 
@@ -36,13 +38,8 @@ def _static_rows(shapes: dict, name: str) -> int | None:
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
-    inferred = onnx.shape_inference.infer_shapes(model)
-    out = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-        t = vi.type.tensor_type
-        if t.HasField("shape"):
-            out[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-    return out
+    return {name: list(info.dims) for name, info in tensor_infos(model, strict=True, initializers=False).items()
+            if info.dims is not None}
 
 
 def _descendants(graph, starts: set[str]) -> set[str]:
