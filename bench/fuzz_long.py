@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,53 +24,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from edgepack.bundle import STB_INCLUDE_DIR  # noqa: E402
-from edgepack.resources import runtimes_dir  # noqa: E402
+from fuzz_targets import build_fuzzer, write_seeds  # noqa: E402  (tests/fuzz_targets.py)
 
-COMMON = runtimes_dir() / "common"
-FUZZ = ROOT / "tests" / "fuzz"
-TARGETS = {
-    "image": (["ep_image.c", "ep_util.c"], [f"-I{STB_INCLUDE_DIR}"]),
-    "http": (["ep_http.c", "ep_json.c", "ep_csv.c", "ep_util.c"], []),
-    "npy": (["ep_npy.c", "ep_util.c"], []),
-}
-
-
-def build(name: str, out: Path) -> Path:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise SystemExit("a host C compiler is needed (apt-get install gcc)")
-    sources, flags = TARGETS[name]
-    exe = out / f"{name}_fuzz"
-    subprocess.run([cc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", f"-I{COMMON}",
-                    *flags, str(FUZZ / f"{name}_fuzz.c"), *(str(COMMON / s) for s in sources), "-lm", "-o",
-                    str(exe)], check=True)
-    return exe
+LONG = ("image", "http", "npy")  # the parsers of outside input; detect/ncnn_options fuzz in the tests only
 
 
 def seeds(name: str, d: Path) -> list[Path]:
-    d.mkdir(parents=True, exist_ok=True)
     if name == "image":
         from test_fuzz_image import image_seeds
         return image_seeds(d)
     if name == "http":
         from test_fuzz_http import SEEDS
-        items = SEEDS.items()
-    else:
-        import io
-        import numpy as np
-        items = []
-        for i, arr in enumerate([np.zeros((1, 3, 4, 4), np.float32), np.arange(7, dtype=np.int64),
-                                 np.ones((2, 2), np.uint8), np.float64(3.0), np.zeros((0, 5), np.float32),
-                                 np.ones((3,), np.float16)]):
-            b = io.BytesIO()
-            np.save(b, arr)
-            items.append((f"seed{i}.npy", b.getvalue()))
-    paths = []
-    for n, data in items:
-        (d / n).write_bytes(data)
-        paths.append(d / n)
-    return paths
+        return write_seeds(d, SEEDS.items())
+    import io
+    import numpy as np
+    from test_fuzz_npy import npy_seeds
+    b = io.BytesIO()
+    np.save(b, np.ones((3,), np.float16))
+    return write_seeds(d, [*npy_seeds(), ("seed_f16.npy", b.getvalue())])
 
 
 def remix(paths: list[Path], d: Path, rnd: random.Random) -> list[Path]:
@@ -90,7 +60,7 @@ def remix(paths: list[Path], d: Path, rnd: random.Random) -> list[Path]:
 
 
 def run_one(name: str, minutes: float, work: Path, out: Path, round_s: float = 60.0) -> dict:
-    exe = build(name, work)
+    exe = build_fuzzer(name, work)
     base = seeds(name, work / f"{name}-seeds")
     rnd = random.Random(11)
     execs = crashes = rounds = 0
@@ -120,9 +90,12 @@ def run_one(name: str, minutes: float, work: Path, out: Path, round_s: float = 6
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=10.0, help="per fuzzer")
-    ap.add_argument("--only", default="image,http,npy")
+    ap.add_argument("--only", default=",".join(LONG), help=f"any of {', '.join(LONG)}")
     ap.add_argument("--out", type=Path, default=Path("fuzz-results"))
     a = ap.parse_args(argv)
+    unknown = set(a.only.split(",")) - set(LONG)
+    if unknown:
+        ap.error(f"--only: unknown fuzzer(s) {', '.join(sorted(unknown))}; known: {', '.join(LONG)}")
     a.out.mkdir(parents=True, exist_ok=True)
     results = {}
     with tempfile.TemporaryDirectory(prefix="edgepack-fuzz-") as tmp:

@@ -3,25 +3,13 @@ outputs (NaN, Inf, huge values) and settings under AddressSanitizer + UBSan, and
 invariants (tests/fuzz/detect_fuzz.c), for a bounded number of inputs."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
 import numpy as np
 
-from edgepack.resources import runtimes_dir
-
-FUZZ = Path(__file__).parent / "fuzz"
+from fuzz_targets import build_fuzzer, run_fuzzer, write_seeds
 
 
 def test_detect_survives_fuzzing_under_asan(tmp_path):
-    cc = shutil.which("gcc") or shutil.which("cc")
-    assert cc, "a host C compiler is needed (apt-get install gcc)"
-    common = runtimes_dir() / "common"
-    exe = tmp_path / "detect_fuzz"
-    subprocess.run([cc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", f"-I{common}",
-                    f"-I{FUZZ}", str(FUZZ / "detect_fuzz.c"), str(common / "ep_detect.c"), str(common / "ep_util.c"),
-                    "-lm", "-o", str(exe)], check=True)
+    exe = build_fuzzer("detect", tmp_path)
     rng = np.random.default_rng(0)
     seeds = []
     for i in range(6):
@@ -31,10 +19,6 @@ def test_detect_survives_fuzzing_under_asan(tmp_path):
         if i == 5:
             vals[::7] = np.nan
             vals[3::11] = np.inf
-        p = tmp_path / f"seed{i}.bin"
-        p.write_bytes(head + vals.tobytes())
-        seeds.append(str(p))
-    proc = subprocess.run([str(exe), "1500", *seeds], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "fuzzed 9000 inputs" in proc.stdout
-    assert "ERROR: AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+        seeds.append((f"seed{i}.bin", head + vals.tobytes()))
+    out = run_fuzzer(exe, "1500", write_seeds(tmp_path / "seeds", seeds))
+    assert "fuzzed 9000 inputs" in out

@@ -1,10 +1,6 @@
 """The artifact's HTTP (request head, keep-alive), JSON and CSV parsers (what `serve` reads from the
 network) survive mutated inputs under AddressSanitizer + UBSan."""
-import shutil
-import subprocess
-from pathlib import Path
-
-from edgepack.resources import runtimes_dir
+from fuzz_targets import build_fuzzer, run_fuzzer, write_seeds
 
 SEEDS = {
     "get.http": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
@@ -20,18 +16,6 @@ SEEDS = {
 
 
 def test_http_json_csv_parsers_survive_fuzzing_under_asan(tmp_path):
-    cc = shutil.which("gcc") or shutil.which("cc")
-    assert cc, "a host C compiler is needed (apt-get install gcc)"
-    common = runtimes_dir() / "common"
-    exe = tmp_path / "http_fuzz"
-    subprocess.run([cc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", f"-I{common}",
-                    str(Path(__file__).parent / "fuzz" / "http_fuzz.c"), *(str(common / f) for f in
-                    ("ep_http.c", "ep_json.c", "ep_csv.c", "ep_util.c")), "-lm", "-o", str(exe)], check=True)
-    seeds = []
-    for name, data in SEEDS.items():
-        (tmp_path / name).write_bytes(data)
-        seeds.append(str(tmp_path / name))
-    proc = subprocess.run([str(exe), "5000", *seeds], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"fuzzed {5000 * len(SEEDS)} inputs" in proc.stdout
-    assert "ERROR: AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+    exe = build_fuzzer("http", tmp_path)
+    out = run_fuzzer(exe, "5000", write_seeds(tmp_path / "seeds", SEEDS.items()))
+    assert f"fuzzed {5000 * len(SEEDS)} inputs" in out

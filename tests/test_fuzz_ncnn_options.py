@@ -5,36 +5,20 @@ parser's message and runs with a good one."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
-from edgepack.resources import runtimes_dir
+from fuzz_targets import build_fuzzer, run_fuzzer, write_seeds
 
-FUZZ = Path(__file__).parent / "fuzz"
 SEEDS = ("winograd=1,sgemm=0,pool=best300", "pool=local,fp16=1,packing=0", "pool=unlocked,pool=none",
          "pool=one,winograd=0", "pool=best")
 
 
 def test_ncnn_options_parser_survives_fuzzing_under_asan(tmp_path):
-    cc = shutil.which("gcc") or shutil.which("cc")
-    assert cc, "a host C compiler is needed (apt-get install gcc)"
-    common = runtimes_dir() / "common"
-    exe = tmp_path / "ncnn_options_fuzz"
-    # no libncnn: the parser is apart from the engine so that it can be fuzzed alone
-    subprocess.run([cc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", f"-I{common}",
-                    f"-I{runtimes_dir() / 'ncnn'}", f"-I{FUZZ}", str(FUZZ / "ncnn_options_fuzz.c"),
-                    str(common / "ep_util.c"), "-lm", "-o", str(exe)], check=True)
-    seeds = []
-    for i, text in enumerate(SEEDS):
-        p = tmp_path / f"seed{i}.txt"
-        p.write_text(text)
-        seeds.append(str(p))
-    proc = subprocess.run([str(exe), "6000", *seeds], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "known lists: 20 parsed as expected" in proc.stdout
-    assert "fuzzed 30000 inputs" in proc.stdout
-    assert "ERROR: AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+    exe = build_fuzzer("ncnn_options", tmp_path)
+    seeds = write_seeds(tmp_path / "seeds", ((f"seed{i}.txt", t.encode()) for i, t in enumerate(SEEDS)))
+    out = run_fuzzer(exe, "6000", seeds)
+    assert "known lists: 20 parsed as expected" in out
+    assert "fuzzed 30000 inputs" in out
 
 
 def test_engine_applies_the_parsed_list(tiny_artifacts):
