@@ -69,7 +69,7 @@ def test_a_slower_record_never_replaces_the_default_schedule(tmp_path, monkeypat
     naive = [(t.dispatched[0], slow_schedule(t.dispatched[0])) for t in tasks]
     slow = timed_records(naive, database, tvm_target, builder, runner)
     assert len(slow) == len(tasks) >= 1
-    for rec in slow:
+    for _mod, rec in slow:
         database.commit_tuning_record(rec)
     del database
     slow_only = tmp_path / "slow-only"

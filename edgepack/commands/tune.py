@@ -78,13 +78,15 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
                "tasks": res.tasks, "tasks_reused": res.tuned_before, "tasks_tuned": res.tuned_now,
                "records": res.records, "seconds": round(res.seconds, 1), "budget_s": res.budget_s,
                "proxy": res.proxy, "label": label, "measured_with": res.measured_with,
-               "ms_untuned": res.ms_before, "ms_tuned": res.ms_after, "tasks_default_kept": res.defaults_kept}
+               "ms_untuned": res.ms_before, "ms_tuned": res.ms_after, "tasks_default_kept": res.defaults_kept,
+               "tasks_searched": res.searched, "hot_share": round(res.hot_share, 3)}
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
         out_console.print(f"tuning database: {escape(str(res.path))} ({res.records} records; {label})")
-        out_console.print(f"tasks: {res.tasks}; with a schedule: {res.tuned_now} ({res.tuned_before} reused from "
-                          f"earlier tunes); {res.trials} candidates measured in {res.seconds:.0f} s; "
+        out_console.print(f"tasks: {res.tasks}; searched now: {res.searched} (the hottest, {100 * res.hot_share:.0f}% of "
+                          f"the model's time); {res.tuned_before} searched by earlier tunes; "
+                          f"{res.trials} candidates measured in {res.seconds:.0f} s; "
                           f"{res.defaults_kept} keep their default schedule (nothing tuned measured faster)")
         if res.ms_before is not None and res.ms_after is not None:
             where = "this machine as a proxy" if res.proxy else "this machine"

@@ -8,7 +8,9 @@ tuned here with a proxy target of the host's architecture: the schedules are val
 (records are keyed by the workload), their speed on the device is unmeasured, and the database's
 meta.json says "proxy".
 
-The search is bounded by time (``--budget``): a measure callback terminates every task once the
+Only the tasks where the model spends its time are searched (tuning_plan.py): every task's
+default schedule is timed first, and the fewest tasks that take 90% of the model's time (a few per
+budget: 3 minutes each) get the budget. The search is bounded by time (``--budget``): a measure callback terminates every task once the
 budget is spent. Settings are sized for a 2-core machine (small populations, short evolution,
 small batches): the defaults (population 512, 64 per batch) spent 6 minutes generating the first
 batch of one task before measuring anything (issue 10).
@@ -43,7 +45,8 @@ from ...runner import host_arch
 from ...targets import Target
 from .runtime_lib import TVM_VERSION
 from .target_map import isa_variants, target_dict
-from .tuning_defaults import default_records, defaults_kept
+from .tuning_defaults import default_records, default_traces, defaults_kept
+from .tuning_plan import max_tasks_for, plan as plan_tuning, task_costs
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
 DB_VERSION = 2  # 2: one database per target, accumulating across models
@@ -175,8 +178,8 @@ class TuneResult:
     path: Path
     trials: int              # candidates measured in this run
     tasks: int               # the model's tuning tasks
-    tuned_before: int        # of them, already in the database when this run started
-    tuned_now: int           # of them, with a record after this run
+    tuned_before: int        # of them, searched by an earlier tune (a non-default record in the database)
+    tuned_now: int           # of them, with a record after this run (tuned or the timed default)
     records: int             # records in the database (all models)
     seconds: float
     proxy: bool
@@ -185,6 +188,8 @@ class TuneResult:
     ms_after: float | None   # with the database
     measured_with: dict = field(default_factory=dict)
     defaults_kept: int = 0   # of the model's tasks, those whose best record is the default schedule
+    searched: int = 0        # tasks this run searched (tuning_plan.py: the hot ones)
+    hot_share: float = 0.0   # of the model's time on default schedules, what those tasks took
 
 
 def tune(model: LoadedModel, target: Target, trials: int | None = None, *, budget_s: float | None = None,
@@ -290,10 +295,6 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
                 shutil.copyfile(dest / f, work / f)
         database = ms.database.JSONDatabase(work_dir=str(work), module_equality="structural")
         extracted = extract_tasks(mod, tvm_target)
-        todo = [t for t in extracted if not _has_record(database, t)]
-        tuned_before = len(extracted) - len(todo)
-        log(f"{len(extracted)} tuning tasks; {tuned_before} already in the database (reused), {len(todo)} to tune"
-            + (f" within {budget_s:.0f} s" if budget_s else ""))
         counter = [0, 0]
         deadline = t_start + budget_s if budget_s else float("inf")
         local = ms.builder.LocalBuilder(max_workers=workers, timeout_sec=BUILDER_TIMEOUT_S, f_build=_build_candidate)
@@ -302,7 +303,13 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
                                                                                   min_repeat_ms=0))
         # measured before the search (inside the budget), committed after it: MetaSchedule's search
         # replays database records as seeds and aborts on one its postprocessors reject
-        defaults = default_records(extracted, database, tvm_target, local, runner, log)
+        default_schs = default_traces(extracted, tvm_target)
+        defaults = default_records(extracted, default_schs, database, tvm_target, local, runner, log)
+        the_plan = plan_tuning(task_costs(extracted, database, default_schs, defaults), max_tasks_for(budget_s))
+        tuned_before = sum(1 for c in the_plan.costs if c.searched)
+        todo = [extracted[i] for i in the_plan.chosen]
+        log(f"{len(extracted)} tuning tasks; {tuned_before} searched by earlier tunes (reused); "
+            + the_plan.describe() + (f"; within {budget_s:.0f} s" if budget_s else ""))
         if todo:
             contexts, weights = extracted_tasks_to_tune_contexts(
                 todo, work_dir=str(work), seed=0,
@@ -327,9 +334,9 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
                     raise BuildError(f"tuning failed: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__}",
                                      hint=f"logs in {work / 'logs'}") from exc
                 log("search stopped at the budget")
-        for rec in defaults:
+        for rec in defaults.values():
             database.commit_tuning_record(rec)
-        kept = defaults_kept(extracted, database, tvm_target)
+        kept = defaults_kept(extracted, default_schs, database)
         if defaults or kept:
             log(f"default schedules measured for {len(defaults)} tasks; {kept} of {len(extracted)} tasks keep "
                 "theirs (no tuned candidate measured faster)")
@@ -351,11 +358,17 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
             "model": model.name, "model_sha256": model_key(model), "tasks": len(extracted),
             "tuned_before": tuned_before, "tuned_now": tuned_now, "trials": counter[0],
             "budget_s": budget_s, "trial_cap": trials, "seconds": round(seconds, 1),
-            "ms_before": ms_before, "ms_after": ms_after, "proxy": proxy, "defaults_kept": kept})
+            "ms_before": ms_before, "ms_after": ms_after, "proxy": proxy, "defaults_kept": kept,
+            "searched": len(todo), "hot_share": round(the_plan.share, 3),
+            "hot_tasks": [{"task": the_plan.costs[i].name, "ms": _ms(the_plan.costs[i].total)} for i in the_plan.chosen]})
         (work / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
         _publish(work, dest)
     return TuneResult(dest, counter[0], len(extracted), tuned_before, tuned_now, records, seconds, proxy,
-                      budget_s, ms_before, ms_after, measure_dict, kept)
+                      budget_s, ms_before, ms_after, measure_dict, kept, len(todo), the_plan.share)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 4)
 
 
 def _lines(path: Path) -> int:

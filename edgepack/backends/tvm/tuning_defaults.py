@@ -14,8 +14,8 @@ import shutil
 
 
 def timed_records(pairs, database, tvm_target, builder, runner) -> list:
-    """TuningRecords for (workload IRModule, s_tir.Schedule of it) pairs, each built and timed like a
-    MetaSchedule candidate; a schedule that fails to build or run gets none."""
+    """(workload IRModule, TuningRecord) for (workload IRModule, s_tir.Schedule of it) pairs, each built
+    and timed like a MetaSchedule candidate; a schedule that fails to build or run gets none."""
     from tvm.s_tir import meta_schedule as ms
     if not pairs:
         return []
@@ -30,8 +30,8 @@ def timed_records(pairs, database, tvm_target, builder, runner) -> list:
         if res.error_msg is not None or not res.run_secs:
             continue
         mod, sch = pairs[i]
-        records.append(ms.database.TuningRecord(sch.trace, database.commit_workload(mod),
-                                                [float(x) for x in res.run_secs], tvm_target, args[i]))
+        records.append((mod, ms.database.TuningRecord(sch.trace, database.commit_workload(mod),
+                                                      [float(x) for x in res.run_secs], tvm_target, args[i])))
     return records
 
 
@@ -40,34 +40,41 @@ def _has_trace(database, mod, trace: str) -> bool:
         str(r.trace) == trace for r in database.get_top_k(database.commit_workload(mod), 1 << 16))
 
 
-def default_records(tasks, database, tvm_target, builder, runner, log) -> list:
-    """Timed records of the tasks' default schedules; none for a task whose default is in the
-    database already, that no rule schedules, or with the default schedules switched off."""
+def default_traces(tasks, tvm_target) -> dict[int, object]:
+    """task index -> the s_tir.Schedule of its default schedule (what a build without records runs),
+    for the tasks a rule schedules; none with the default schedules switched off."""
     from .compile import default_schedules_enabled
     from .schedules import default_schedule
     if not default_schedules_enabled():
-        return []
-    pairs = []
-    for task in tasks:
-        mod = task.dispatched[0]
-        _name, sch = default_schedule(mod["main"], tvm_target)
-        if sch is not None and not _has_trace(database, mod, str(sch.trace)):
-            pairs.append((mod, sch))
-    if pairs:
-        log(f"timing the default schedules of {len(pairs)} tasks (the records tuning has to beat)")
-    return timed_records(pairs, database, tvm_target, builder, runner)
+        return {}
+    out = {}
+    for i, task in enumerate(tasks):
+        _name, sch = default_schedule(task.dispatched[0]["main"], tvm_target)
+        if sch is not None:
+            out[i] = sch
+    return out
 
 
-def defaults_kept(tasks, database, tvm_target) -> int:
+def default_records(tasks, defaults: dict, database, tvm_target, builder, runner, log) -> dict[int, object]:
+    """task index -> timed record of its default schedule (``defaults``, from default_traces), for
+    the tasks whose default is not in the database already."""
+    todo = [i for i, sch in defaults.items() if not _has_trace(database, tasks[i].dispatched[0], str(sch.trace))]
+    if todo:
+        log(f"timing the default schedules of {len(todo)} tasks (the records tuning has to beat)")
+    pairs = [(tasks[i].dispatched[0], defaults[i]) for i in todo]
+    by_workload = {id(p[0]): i for i, p in zip(todo, pairs)}
+    records = timed_records(pairs, database, tvm_target, builder, runner)
+    return {by_workload[id(mod)]: rec for mod, rec in records}
+
+
+def defaults_kept(tasks, defaults: dict, database) -> int:
     """How many of the tasks' best record is their default schedule."""
-    from .schedules import default_schedule
     kept = 0
-    for task in tasks:
-        mod = task.dispatched[0]
+    for i, sch in defaults.items():
+        mod = tasks[i].dispatched[0]
         if not database.has_workload(mod):
             continue
         top = database.get_top_k(database.commit_workload(mod), 1)
-        _name, sch = default_schedule(mod["main"], tvm_target)
-        if top and sch is not None and str(top[0].trace) == str(sch.trace):
+        if top and str(top[0].trace) == str(sch.trace):
             kept += 1
     return kept
