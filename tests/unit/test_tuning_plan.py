@@ -14,7 +14,7 @@ def test_the_hottest_tasks_covering_ninety_percent_are_chosen_hottest_first():
     p = plan(costs((50, 1, False), (10, 3, False), (12, 1, False), (5, 1, False), (2, 1, False), (1, 1, False)))
     assert p.chosen == (0, 1, 2) and p.fresh
     assert abs(p.share - 0.92) < 1e-9
-    assert "3 hottest of 6 tasks" in p.describe() and "92%" in p.describe()
+    assert "3 hottest of 6 tasks" in p.describe() and "92.0%" in p.describe()
 
 
 def test_tasks_under_the_minimum_share_are_never_searched():
@@ -46,3 +46,14 @@ def test_a_search_continues_on_hot_searched_tasks_when_nothing_new_is_hot():
 def test_nothing_timed_means_every_task():
     p = plan(costs((0, 1, False), (0, 2, False)))
     assert p.chosen == (0, 1)
+
+
+def test_waves_take_the_next_hottest_tasks_once_the_first_are_searched():
+    rows = costs((50, 1, False), (30, 1, False), (12, 1, False), (5, 1, False), (2, 1, False), (1, 1, False))
+    first = plan(rows, max_tasks=2)
+    assert first.chosen == (0, 1)
+    second = plan(rows, max_tasks=2, exclude=frozenset(first.chosen))
+    assert second.chosen == (2, 3) and second.fresh and abs(second.share - 0.17) < 1e-9
+    third = plan(rows, exclude=frozenset(first.chosen + second.chosen))
+    assert third.chosen == (4, 5)
+    assert plan(rows, exclude=frozenset(range(6))).chosen == ()  # every task searched: the run ends

@@ -271,7 +271,7 @@ def _deadline_callback(deadline: float, counter: list, log, progress=None, t_sta
 def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) -> TuneResult:
     import tvm
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.relax_integration import extract_tasks, extracted_tasks_to_tune_contexts
+    from tvm.s_tir.meta_schedule.relax_integration import extract_tasks
     from .compile import fuse, import_onnx
     t_start = time.monotonic()
     dest = Path(out_dir) if out_dir else default_db_dir(target)
@@ -305,35 +305,25 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
         # replays database records as seeds and aborts on one its postprocessors reject
         default_schs = default_traces(extracted, tvm_target)
         defaults = default_records(extracted, default_schs, database, tvm_target, local, runner, log)
-        the_plan = plan_tuning(task_costs(extracted, database, default_schs, defaults), max_tasks_for(budget_s))
-        tuned_before = sum(1 for c in the_plan.costs if c.searched)
-        todo = [extracted[i] for i in the_plan.chosen]
-        log(f"{len(extracted)} tuning tasks; {tuned_before} searched by earlier tunes (reused); "
-            + the_plan.describe() + (f"; within {budget_s:.0f} s" if budget_s else ""))
-        if todo:
-            contexts, weights = extracted_tasks_to_tune_contexts(
-                todo, work_dir=str(work), seed=0,
-                strategy=ms.search_strategy.EvolutionarySearch(
-                    population_size=POPULATION, init_min_unmeasured=INIT_MIN_UNMEASURED,
-                    genetic_num_iters=GENETIC_ITERS))
-            callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
-            cap = trials if trials is not None else MAX_TRIALS_PER_TASK * len(todo)
-            progress = StepProgress(f"tuning {len(todo)} tasks", log, unit="s of the budget" if budget_s else "candidates")
-            callbacks.append(_deadline_callback(deadline, counter, log, progress, t_start, budget_s, cap))
-            try:
-                with tvm.transform.PassContext(opt_level=3), progress:
-                    ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(work),
-                                       max_trials_global=cap, max_trials_per_task=min(cap, MAX_TRIALS_PER_TASK),
-                                       num_trials_per_iter=min(TRIALS_PER_BATCH, cap), builder=builder,
-                                       runner=runner, database=database, measure_callbacks=callbacks)
-            except Exception as exc:
-                # MetaSchedule's gradient scheduler can pick a task, then collect results (our callback
-                # ends every task at the deadline) and still hand out the picked one: its check fails.
-                # The search is over either way and the records measured so far are in the database.
-                if not (counter[1] and "is_terminated" in str(exc)):
-                    raise BuildError(f"tuning failed: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__}",
-                                     hint=f"logs in {work / 'logs'}") from exc
-                log("search stopped at the budget")
+        costs = task_costs(extracted, database, default_schs, defaults)
+        tuned_before = sum(1 for c in costs if c.searched)
+        log(f"{len(extracted)} tuning tasks; {tuned_before} searched by earlier tunes (reused)"
+            + (f"; budget {budget_s:.0f} s" if budget_s else ""))
+        # waves: the hottest tasks first; when they are done (each at MAX_TRIALS_PER_TASK) and the
+        # budget or trial cap allows, the next hottest (an idle 2-core machine measures a batch in
+        # ~5 s, a loaded one in 1-2.5 min: the budget, not a guess, decides how far this gets)
+        searched: list[int] = []
+        hot_share = 0.0
+        while counter[1] == 0 and time.monotonic() < deadline and (trials is None or counter[0] < trials):
+            left = deadline - time.monotonic() if budget_s else None
+            wave = plan_tuning(costs, max_tasks_for(left), exclude=frozenset(searched))
+            if not wave.chosen:
+                break
+            log(wave.describe())
+            _search(ms, tvm, [extracted[i] for i in wave.chosen], work, builder, runner, database, counter,
+                    deadline, None if trials is None else trials - counter[0], budget_s, t_start, log)
+            searched += wave.chosen
+            hot_share += wave.share
         for rec in defaults.values():
             database.commit_tuning_record(rec)
         kept = defaults_kept(extracted, default_schs, database)
@@ -359,12 +349,39 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
             "tuned_before": tuned_before, "tuned_now": tuned_now, "trials": counter[0],
             "budget_s": budget_s, "trial_cap": trials, "seconds": round(seconds, 1),
             "ms_before": ms_before, "ms_after": ms_after, "proxy": proxy, "defaults_kept": kept,
-            "searched": len(todo), "hot_share": round(the_plan.share, 3),
-            "hot_tasks": [{"task": the_plan.costs[i].name, "ms": _ms(the_plan.costs[i].total)} for i in the_plan.chosen]})
+            "searched": len(searched), "hot_share": round(hot_share, 3),
+            "searched_tasks": [{"task": costs[i].name, "ms": _ms(costs[i].total)} for i in searched]})
         (work / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
         _publish(work, dest)
     return TuneResult(dest, counter[0], len(extracted), tuned_before, tuned_now, records, seconds, proxy,
-                      budget_s, ms_before, ms_after, measure_dict, kept, len(todo), the_plan.share)
+                      budget_s, ms_before, ms_after, measure_dict, kept, len(searched), hot_share)
+
+
+def _search(ms, tvm, todo, work, builder, runner, database, counter, deadline, cap, budget_s, t_start, log) -> None:
+    """One MetaSchedule search over `todo` (at most `cap` candidates in all, when given)."""
+    from tvm.s_tir.meta_schedule.relax_integration import extracted_tasks_to_tune_contexts
+    contexts, weights = extracted_tasks_to_tune_contexts(
+        todo, work_dir=str(work), seed=0,
+        strategy=ms.search_strategy.EvolutionarySearch(
+            population_size=POPULATION, init_min_unmeasured=INIT_MIN_UNMEASURED, genetic_num_iters=GENETIC_ITERS))
+    callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
+    cap = cap if cap is not None else MAX_TRIALS_PER_TASK * len(todo)
+    progress = StepProgress(f"tuning {len(todo)} tasks", log, unit="s of the budget" if budget_s else "candidates")
+    callbacks.append(_deadline_callback(deadline, counter, log, progress, t_start, budget_s, cap))
+    try:
+        with tvm.transform.PassContext(opt_level=3), progress:
+            ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=str(work),
+                               max_trials_global=cap, max_trials_per_task=min(cap, MAX_TRIALS_PER_TASK),
+                               num_trials_per_iter=min(TRIALS_PER_BATCH, cap), builder=builder,
+                               runner=runner, database=database, measure_callbacks=callbacks)
+    except Exception as exc:
+        # MetaSchedule's gradient scheduler can pick a task, then collect results (our callback
+        # ends every task at the deadline) and still hand out the picked one: its check fails.
+        # The search is over either way and the records measured so far are in the database.
+        if not (counter[1] and "is_terminated" in str(exc)):
+            raise BuildError(f"tuning failed: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__}",
+                             hint=f"logs in {work / 'logs'}") from exc
+        log("search stopped at the budget")
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -9,8 +9,10 @@ one batch each, most of them small kernels whose speed does not show in the mode
 call count, says where the model's time goes; the plan searches the fewest tasks that together take
 HOT_SHARE of it, leaving out tasks under MIN_SHARE, and with a time budget no more tasks than get
 SECONDS_PER_TASK each (a few batches), so the budget buys rounds of evolution on the kernels that
-matter rather than one random batch on each. Tasks left out keep their default schedule (or an earlier tune's
-record), and a later `tune` of the same model takes them up once the hot ones have been searched.
+matter rather than one random batch on each. When those are done (MetaSchedule stops a task at its
+trial cap) and budget is left, the run plans again over the tasks it has not searched: waves, hottest
+first. Tasks never reached keep their default schedule (or an earlier tune's record), and a later
+`tune` of the same model takes them up.
 
 A task counts as searched when the database holds a record for it that is not its default
 schedule: a later model with the same workload reuses it, and a run whose unsearched tasks are all
@@ -51,9 +53,8 @@ class TuningPlan:
 
     def describe(self) -> str:
         what = "never searched" if self.fresh else "searched before, continuing"
-        return (f"searching the {len(self.chosen)} hottest of {len(self.costs)} tasks ({what}; "
-                f"{100 * self.share:.0f}% of the model's time on their default schedules); "
-                "the others keep their schedule")
+        return (f"searching the {len(self.chosen)} hottest of {len(self.costs)} tasks left ({what}; "
+                f"{100 * self.share:.1f}% of the model's time on their default schedules)")
 
 
 def _mean(xs) -> float | None:
@@ -100,10 +101,13 @@ def _pick(pool: list[TaskCost], known_total: float, max_tasks: int | None) -> tu
     return chosen, covered
 
 
-def plan(costs: list[TaskCost], max_tasks: int | None = None) -> TuningPlan:
+def plan(costs: list[TaskCost], max_tasks: int | None = None, exclude: frozenset = frozenset()) -> TuningPlan:
+    """The next tasks to search; ``exclude``: task indices searched already in this run (a run
+    searches in waves: when the first wave is done and the budget allows, the next hottest)."""
     known_total = sum(c.total for c in costs if c.total is not None)
-    chosen, covered = _pick([c for c in costs if not c.searched], known_total, max_tasks)
+    pool = [c for c in costs if c.index not in exclude]
+    chosen, covered = _pick([c for c in pool if not c.searched], known_total, max_tasks)
     fresh = bool(chosen)
     if not chosen:
-        chosen, covered = _pick([c for c in costs if c.searched], known_total, max_tasks)
+        chosen, covered = _pick([c for c in pool if c.searched], known_total, max_tasks)
     return TuningPlan(tuple(costs), tuple(chosen), covered, fresh)
