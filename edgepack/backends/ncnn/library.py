@@ -24,6 +24,7 @@ from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
+from .source_patch import PATCH_VERSION, patch_source
 
 RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
@@ -146,7 +147,7 @@ def library_key(target: Target, toolchain: Toolchain) -> tuple[str, dict]:
     opts = library_options(target)
     key = key_of({"sdist": NCNN_SDIST.sha256, "zig": toolchain.version, "triple": target.triple.zig,
                   "cpu": generic_cpu(target), "options": opts, "wrapper": WRAPPER_VERSION,
-                  "recipe": RECIPE_VERSION})
+                  "recipe": RECIPE_VERSION, "source_patch": PATCH_VERSION})
     return key, opts
 
 
@@ -174,6 +175,7 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
         top = next((root / "extract").iterdir())
         top.rename(root / "src")
         shutil.rmtree(root / "extract")
+        patch_source(root / "src")
         wrappers = toolchain.write_wrappers(root / "toolchain", target, generic_cpu(target), march_flags(root / "src"))
         _toolchain_file(root / "toolchain.cmake", target, wrappers)
         flags = f"-ffile-prefix-map={root}=/ncnn -ffunction-sections -fdata-sections -g0"

@@ -1,0 +1,71 @@
+"""Artifacts at 1..N threads against onnxruntime at the same thread counts, side by side in one run.
+
+    python3 bench/bench_threads.py --model MODEL.onnx [--shape x=1x3x224x224] [--threads 1,2]
+           [--runs 30] [--rounds 3] LABEL=ARTIFACT [LABEL=ARTIFACT ...]
+
+Every round runs each artifact's own `bench --threads T` and an onnxruntime session with
+intra_op_num_threads=T on the same seeded input, alternating, so load on the machine hits every
+column alike; the best round's median is printed per thread count, with each artifact's ratio to
+onnxruntime and its speed-up from 1 thread. Written for ncnn's OpenMP emulation (simpleomp), whose
+condition-variable hand-offs made 2 threads slower than 1 (edgepack/backends/ncnn/source_patch.py):
+label an artifact built before and one after a change, and compare.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from corpus import ort_median  # noqa: E402  (one timing loop for every bench)
+
+
+def artifact_ms(path: Path, threads: int, runs: int) -> float:
+    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "5", "--threads", str(threads),
+                           "--json"], capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"{path}: bench failed: {(proc.stderr or proc.stdout).strip()[:300]}")
+    return float(json.loads(proc.stdout)["median_ms"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifacts", nargs="+", metavar="LABEL=ARTIFACT")
+    ap.add_argument("--model", type=Path, required=True, help="the ONNX model the artifacts were built from")
+    ap.add_argument("--shape", action="append", default=[], help="NAME=1x3x224x224, as for edgepack build")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="write the results here")
+    a = ap.parse_args(argv)
+    import onnxruntime as ort
+    from edgepack.model import fix_input_shapes, load_model, parse_shape_args
+    from edgepack.reference import random_inputs
+    arts = dict(s.split("=", 1) for s in a.artifacts)
+    feeds = random_inputs(fix_input_shapes(load_model(a.model), parse_shape_args(a.shape)).inputs, seed=0)
+    report: dict = {"model": str(a.model), "runs": a.runs, "rounds": a.rounds, "ms": {}}
+    for t in (int(x) for x in a.threads.split(",")):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads, opts.log_severity_level = t, 1, 3
+        sess = ort.InferenceSession(str(a.model), opts, providers=["CPUExecutionProvider"])
+        got: dict[str, list[float]] = {k: [] for k in [*arts, "onnxruntime"]}
+        for _ in range(a.rounds):
+            for label, path in arts.items():
+                got[label].append(artifact_ms(Path(path), t, a.runs))
+            got["onnxruntime"].append(ort_median(sess, feeds, a.runs))
+        best = {k: round(min(v), 3) for k, v in got.items()}
+        report["ms"][str(t)] = best
+        one = report["ms"].get("1", {})
+        print(f"{a.model.stem}, {t} thread(s): " + ", ".join(
+            f"{k} {v:.2f} ms" + (f" ({v / best['onnxruntime']:.2f}x ort" + (f", {one[k] / v:.2f}x its 1-thread" if k in one and t > 1 else "") + ")" if k != "onnxruntime" else "")
+            for k, v in best.items()), flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
