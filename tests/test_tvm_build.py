@@ -245,6 +245,28 @@ def test_arm_tuning_is_labelled_proxy(tiny_cnn, tmp_path):
     assert json.loads((tmp_path / "db" / "meta.json").read_text())["proxy"] is True
 
 
+def test_tune_plan_says_where_the_time_goes_and_changes_nothing(tiny_cnn, tmp_path):
+    """`tune --plan`: every kernel timed as a build would run it, hottest first, shares adding up to the
+    whole, the first wave marked; no database written. The table's sum is checked against the model's own
+    in-process time: the kernels are most of it, never more than it plus noise."""
+    db = tmp_path / "db"
+    proc = run_edgepack("tune", str(tiny_cnn), "--target", "x86_64", "--plan", "--input-shape", "image=2x3x64x64",
+                        "--out-db", str(db), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout)
+    rows = plan["task_table"]
+    assert len(rows) == plan["tasks"] >= 2 and not db.exists()
+    ms = [r["ms"] for r in rows]
+    assert all(m is not None and m > 0 for m in ms) and ms == sorted(ms, reverse=True)
+    assert abs(sum(r["share"] for r in rows) - 1.0) < 0.01
+    assert rows[0]["chosen"] and sum(r["share"] for r in rows if r["chosen"]) == pytest.approx(plan["hot_share"], abs=0.01)
+    assert 0.2 * plan["ms_untuned"] < sum(ms) < 3 * plan["ms_untuned"], (sum(ms), plan["ms_untuned"])
+    human = run_edgepack("tune", str(tiny_cnn), "--target", "x86_64", "--plan", "--input-shape", "image=2x3x64x64",
+                         "--out-db", str(db), "--no-measure")
+    assert human.returncode == 0 and "kernels in all:" in human.stdout, human.stderr[-2000:]
+    assert not db.exists()
+
+
 def test_missing_tuning_db_is_a_clear_error(tiny_cnn, tmp_path):
     proc, report = _build(tiny_cnn, "--target", "x86_64", "--backend", "tvm", "--tuning-db", str(tmp_path / "nope"),
                           "--no-verify", "--out", str(tmp_path / "dist"))

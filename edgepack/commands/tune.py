@@ -29,9 +29,12 @@ from .common import err_console, out_console
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim (must match the build's setting).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Parallel candidate builds.")
+@click.option("--plan", "plan_only", is_flag=True,
+              help="Only time each kernel as a build would run it and print where the time goes and what a tune "
+                   "would search first; the database is left as it is.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, targets_dir, no_simplify, workers,
-         as_json):
+         plan_only, as_json):
     """Tune MODEL's kernels for a target (TVM MetaSchedule) within a time budget.
 
     The target's database accumulates: kernels another model already tuned are reused, and every
@@ -41,6 +44,7 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
     Examples:
       edgepack tune model.onnx --target x86_64 --budget 20m
       edgepack tune model.onnx --target arm64 --budget 5m --out-db tuning/arm64 --json
+      edgepack tune model.onnx --target x86_64 --plan     # where the time goes, per kernel
       edgepack build model.onnx --target arm64 --backend tvm --tuning-db tuning/arm64
     """
     from ..backends.tvm.tuning import parse_budget
@@ -68,7 +72,7 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
     os.dup2(2, 1)
     try:
         res = run_tune(prep.model, target, trials, budget_s=budget_s, out_dir=out_db, workers=workers,
-                       measure=not no_measure, log=log)
+                       measure=not no_measure, plan_only=plan_only, log=log)
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
@@ -79,8 +83,10 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
                "records": res.records, "seconds": round(res.seconds, 1), "budget_s": res.budget_s,
                "proxy": res.proxy, "label": label, "measured_with": res.measured_with,
                "ms_untuned": res.ms_before, "ms_tuned": res.ms_after, "tasks_default_kept": res.defaults_kept,
-               "tasks_searched": res.searched, "hot_share": round(res.hot_share, 3)}
-    if as_json:
+               "tasks_searched": res.searched, "hot_share": round(res.hot_share, 3), "task_table": list(res.task_rows)}
+    if plan_only:
+        _print_plan(summary, res, as_json)
+    elif as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
         out_console.print(f"tuning database: {escape(str(res.path))} ({res.records} records; {label})")
@@ -98,6 +104,35 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
                               f"--backend tvm --tuning-db {escape(str(res.path))}")
         else:
             out_console.print(f"later `edgepack build` runs for {target.name} (any model) use it automatically")
+
+
+
+def _print_plan(summary: dict, res, as_json: bool) -> None:
+    """`tune --plan`: the per-kernel table and the model's own time, nothing tuned."""
+    plan = {k: summary[k] for k in ("model", "target", "database", "tasks", "tasks_reused", "proxy", "measured_with",
+                                    "ms_untuned", "hot_share", "task_table")}
+    if as_json:
+        click.echo(json.dumps(plan, indent=1))
+        return
+    from rich.table import Table
+    table = Table(title=f"where {Path(summary['model']).name} spends its time on {summary['target']} "
+                        "(each kernel timed alone, 1 thread; searched: by an earlier tune; next: what a tune "
+                        "searches first)")
+    table.add_column("kernel", overflow="fold")
+    for col in ("calls", "ms/call", "ms", "share", "searched", "next"):
+        table.add_column(col, justify="right")
+    for r in res.task_rows:
+        fmt = (lambda v, spec: "?" if v is None else format(v, spec))
+        table.add_row(escape(r["task"]), str(r["calls"]), fmt(r["ms_per_call"], ".4f"), fmt(r["ms"], ".4f"),
+                      "?" if r["share"] is None else f"{100 * r['share']:.1f}%", "yes" if r["searched_before"] else "",
+                      "yes" if r["chosen"] else "")
+    out_console.print(table)
+    kernels = sum(r["ms"] or 0.0 for r in res.task_rows)
+    line = f"kernels in all: {kernels:.3f} ms"
+    if res.ms_before is not None:
+        line += (f"; the whole model as a build runs it: {res.ms_before:.3f} ms (TVM in-process; the difference is "
+                 "the VM's calls, copies and the kernels MetaSchedule does not extract)")
+    out_console.print(line)
 
 
 COMMANDS = (tune,)

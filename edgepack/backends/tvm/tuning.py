@@ -46,7 +46,7 @@ from ...targets import Target
 from .runtime_lib import TVM_VERSION
 from .target_map import isa_variants, target_dict
 from .tuning_defaults import default_records, default_traces, defaults_kept
-from .tuning_plan import max_tasks_for, plan as plan_tuning, task_costs
+from .tuning_plan import max_tasks_for, plan as plan_tuning, task_costs, task_rows
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
 DB_VERSION = 2  # 2: one database per target, accumulating across models
@@ -190,12 +190,17 @@ class TuneResult:
     defaults_kept: int = 0   # of the model's tasks, those whose best record is the default schedule
     searched: int = 0        # tasks this run searched (tuning_plan.py: the hot ones)
     hot_share: float = 0.0   # of the model's time on default schedules, what those tasks took
+    task_rows: tuple = ()    # per task, where the time goes (tuning_plan.task_rows), hottest first
 
 
 def tune(model: LoadedModel, target: Target, trials: int | None = None, *, budget_s: float | None = None,
-         out_dir: Path | None = None, workers: int = 2, measure: bool = True, log=print) -> TuneResult:
+         out_dir: Path | None = None, workers: int = 2, measure: bool = True, plan_only: bool = False,
+         log=print) -> TuneResult:
+    """Extend the target's database with what a search within the budget finds. ``plan_only``:
+    time every task's schedule (as a build would run it), report where the time goes and what a
+    tune would search first, and leave the database as it was."""
     from .compile import TVM_LOCK, import_tvm
-    if trials is None and budget_s is None:
+    if trials is None and budget_s is None and not plan_only:
         raise UsageError("give a time budget (--budget 20m) or a trial count (--trials N)")
     if trials is not None and trials < 1:
         raise UsageError("--trials must be at least 1")
@@ -209,7 +214,7 @@ def tune(model: LoadedModel, target: Target, trials: int | None = None, *, budge
         try:
             import_tvm()
             return _tune(model, target, trials, budget_s, out_dir=out_dir, workers=workers, measure=measure,
-                         log=log)
+                         plan_only=plan_only, log=log)
         finally:
             if saved is None:
                 os.environ.pop("TVM_NUM_THREADS", None)
@@ -268,7 +273,7 @@ def _deadline_callback(deadline: float, counter: list, log, progress=None, t_sta
     return StopAtDeadline()
 
 
-def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) -> TuneResult:
+def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, plan_only, log) -> TuneResult:
     import tvm
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.relax_integration import extract_tasks
@@ -309,6 +314,11 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
         tuned_before = sum(1 for c in costs if c.searched)
         log(f"{len(extracted)} tuning tasks; {tuned_before} searched by earlier tunes (reused)"
             + (f"; budget {budget_s:.0f} s" if budget_s else ""))
+        if plan_only:
+            first = plan_tuning(costs, max_tasks_for(budget_s))
+            shutil.rmtree(work, ignore_errors=True)
+            return TuneResult(dest, 0, len(extracted), tuned_before, 0, 0, time.monotonic() - t_start, proxy, budget_s,
+                              ms_before, None, measure_dict, 0, 0, first.share, task_rows(costs, first.chosen))
         # waves: the hottest tasks first; when they are done (each at MAX_TRIALS_PER_TASK) and the
         # budget or trial cap allows, the next hottest (an idle 2-core machine measures a batch in
         # ~5 s, a loaded one in 1-2.5 min: the budget, not a guess, decides how far this gets)
@@ -354,7 +364,8 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, log) ->
         (work / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
         _publish(work, dest)
     return TuneResult(dest, counter[0], len(extracted), tuned_before, tuned_now, records, seconds, proxy,
-                      budget_s, ms_before, ms_after, measure_dict, kept, len(searched), hot_share)
+                      budget_s, ms_before, ms_after, measure_dict, kept, len(searched), hot_share,
+                      task_rows(costs, tuple(searched)))
 
 
 def _search(ms, tvm, todo, work, builder, runner, database, counter, deadline, cap, budget_s, t_start, log) -> None:

@@ -111,3 +111,16 @@ def plan(costs: list[TaskCost], max_tasks: int | None = None, exclude: frozenset
     if not chosen:
         chosen, covered = _pick([c for c in pool if c.searched], known_total, max_tasks)
     return TuningPlan(tuple(costs), tuple(chosen), covered, fresh)
+
+
+def task_rows(costs: list[TaskCost], chosen) -> tuple[dict, ...]:
+    """Per task, hottest first: name, calls, ms per call and in all (best known schedule), share of
+    the model's known kernel time, searched by an earlier tune, and `chosen` (searched now / next)."""
+    known_total = sum(c.total for c in costs if c.total is not None) or 1.0
+    picked = set(chosen)
+    rows = sorted(costs, key=lambda c: -(c.total if c.total is not None else float("inf")))
+    return tuple({"task": c.name, "calls": c.weight,
+                  "ms_per_call": None if c.seconds is None else round(c.seconds * 1e3, 4),
+                  "ms": None if c.total is None else round(c.total * 1e3, 4),
+                  "share": None if c.total is None else round(c.total / known_total, 4),
+                  "searched_before": c.searched, "chosen": c.index in picked} for c in rows)
