@@ -61,12 +61,20 @@ class Row:
     file: str | None = None
     skipped: list[str] = field(default_factory=list)
     commit: str | None = None       # the edgepack commit this row was measured on (rows come from several runs)
+    # more thread counts (--threads): "2" -> {"edgepack_ms": ..., "onnxruntime_ms": ...}; the fields above are 1 thread
+    by_threads: dict = field(default_factory=dict)
 
     @property
     def ratio(self) -> float | None:
         if self.edgepack_ms and self.onnxruntime_ms:
             return self.edgepack_ms / self.onnxruntime_ms
         return None
+
+    def ratio_at(self, threads: int) -> float | None:
+        if threads == 1:
+            return self.ratio
+        t = self.by_threads.get(str(threads)) or {}
+        return t["edgepack_ms"] / t["onnxruntime_ms"] if t.get("edgepack_ms") and t.get("onnxruntime_ms") else None
 
 
 def load_table(path: Path = TABLE) -> list[Entry]:
@@ -135,10 +143,10 @@ def ort_inputs(entry: Entry, model: Path) -> dict:
     return random_inputs(loaded.inputs, seed=0)
 
 
-def ort_session(model: Path):
+def ort_session(model: Path, threads: int = 1):
     import onnxruntime as ort
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
+    opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
@@ -155,20 +163,21 @@ def ort_median(sess, feeds: dict, runs: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def artifact_median(path: Path, runs: int, env: dict | None = None) -> float:
-    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "3", "--threads", "1", "--json"],
+def artifact_median(path: Path, runs: int, env: dict | None = None, threads: int = 1) -> float:
+    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "3", "--threads", str(threads), "--json"],
                           capture_output=True, text=True, timeout=1800, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{path.name} bench failed: {(proc.stderr or proc.stdout).strip()[:200]}")
     return json.loads(proc.stdout)["median_ms"]
 
 
-def side_by_side(entry: Entry, model: Path, artifact: Path, runs: int, rounds: int) -> tuple[float, float]:
-    """Best-of-rounds medians, artifact and onnxruntime alternating within each round."""
-    sess, feeds = ort_session(model), ort_inputs(entry, model)
+def side_by_side(entry: Entry, model: Path, artifact: Path, runs: int, rounds: int,
+                 threads: int = 1) -> tuple[float, float]:
+    """Best-of-rounds medians, artifact and onnxruntime alternating within each round, same threads."""
+    sess, feeds = ort_session(model, threads), ort_inputs(entry, model)
     ours, theirs = [], []
     for _ in range(rounds):
-        ours.append(artifact_median(artifact, runs))
+        ours.append(artifact_median(artifact, runs, threads=threads))
         theirs.append(ort_median(sess, feeds, runs))
     return min(ours), min(theirs)
 
@@ -229,8 +238,10 @@ def text_table(rows: list[Row]) -> str:
 
 
 def markdown_table(rows: list[Row]) -> str:
-    out = ["| model | what | target | backend | precision | max error (bound) | build s | x86_64 ms edgepack / onnxruntime |",
-           "|---|---|---|---|---|---|---|---|"]
+    more = sorted({int(t) for r in rows for t in r.by_threads})
+    out = ["| model | what | target | backend | precision | max error (bound) | build s | x86_64 ms edgepack / onnxruntime |"
+           + "".join(f" {t} threads |" for t in more),
+           "|---|---|---|---|---|---|---|---|" + "---|" * len(more)]
     for r in rows:
         if r.ok:
             err = f"{_fmt(r.max_abs_err, '.1e')} ({_fmt(r.bound, '.1e')})"
@@ -238,8 +249,13 @@ def markdown_table(rows: list[Row]) -> str:
             backend = r.backend or "-"
         else:
             err, lat, backend = "failed: " + (r.error or "")[:120].replace("|", "/"), "", "—"
+        extra = ""
+        for t in more:
+            m = r.by_threads.get(str(t)) or {}
+            extra += (f" {m['edgepack_ms']:.2f} / {m['onnxruntime_ms']:.2f} = **{r.ratio_at(t):.2f}×** |"
+                      if r.ratio_at(t) else " |")
         out.append(f"| {r.model} | {r.kind} | {r.target} | {backend} | {r.precision or '-'} | {err} | "
-                   f"{_fmt(r.build_s, '.0f')} | {lat} |")
+                   f"{_fmt(r.build_s, '.0f')} | {lat} |" + extra)
     return "\n".join(out)
 
 
@@ -249,6 +265,10 @@ def summary(rows: list[Row]) -> str:
     ncnn_all = [m for m in ok_all if all(r.backend == "ncnn" for r in rows if r.model == m)]
     ratios = [r.ratio for r in rows if r.ratio]
     geo = statistics.geometric_mean(ratios) if ratios else None
+    more = ""
+    for t in sorted({int(t) for r in rows for t in r.by_threads}):
+        rt = [r.ratio_at(t) for r in rows if r.ratio_at(t)]
+        more += f"; at {t} threads {statistics.geometric_mean(rt):.2f}x over {len(rt)}" if rt else ""
     worst = max((r.max_abs_err / r.bound for r in rows if r.ok and r.max_abs_err is not None and r.bound), default=None)
     both = [m for m in models if {r.target for r in rows if r.model == m and r.ok} >= {"x86_64", "arm64"}]
     split = [m for m in ok_all if m not in ncnn_all and any("+" in (r.backend or "") for r in rows if r.model == m)]
@@ -256,7 +276,7 @@ def summary(rows: list[Row]) -> str:
     return (f"{len(ok_all)}/{len(models)} models built and verified on every target tried, "
             f"{len(both)}/{len(models)} on both x86_64 and arm64; "
             f"{len(ncnn_all)} fully on NCNN, {len(split)} partitioned, {len(tvm_only)} on TVM; x86_64 geomean edgepack/onnxruntime "
-            f"{_fmt(geo, '.2f')}x over {len(ratios)} models; worst error/bound {_fmt(worst, '.2f')}")
+            f"{_fmt(geo, '.2f')}x over {len(ratios)} models (1 thread){more}; worst error/bound {_fmt(worst, '.2f')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", default="x86_64,arm64")
     ap.add_argument("--runs", type=int, default=20, help="inferences per timing round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (best round is reported)")
+    ap.add_argument("--threads", default="1", help="thread counts to time, comma-separated (1 is always timed)")
     ap.add_argument("--no-bench", action="store_true", help="build and verify only")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
     ap.add_argument("--json", type=Path, default=RESULTS / "corpus.json", help="where the JSON report goes")
@@ -318,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     r.edgepack_ms, r.onnxruntime_ms = side_by_side(e, model, Path(r.file),
                                                                    args.runs, args.rounds)
+                    for t in sorted({int(x) for x in args.threads.split(",")} - {1}):
+                        ours, ort_ms = side_by_side(e, model, Path(r.file), args.runs, args.rounds, threads=t)
+                        r.by_threads[str(t)] = {"edgepack_ms": ours, "onnxruntime_ms": ort_ms}
                 except Exception as exc:  # a benchmark failure is a row note, not the end of the run
                     r.error = f"bench: {exc}"
             print(text_table([r]).splitlines()[1], file=sys.stderr, flush=True)
