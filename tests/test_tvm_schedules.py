@@ -180,3 +180,26 @@ def test_prime_width_conv_is_unrolled_not_predicated():
     assert rule == "tile" and "T.unroll(T.int64(13))" in sched.script()
     got, _used = _run(_module({"x": x}, lambda bb, v: relax.op.nn.conv2d(v, relax.const(w))), {"x": x}, _target())
     _close(got, _conv_ref(x, w, np.zeros(6, "float32"), 1, 0, 1))
+
+
+def test_gemv_over_a_row_major_matrix_reads_whole_rows():
+    """h[1, K] @ W[K, N] with N contiguous (an unrolled LSTM's recurrent step): the output tile is many
+    vectors wide, so each row of W is one contiguous read, not a 32-byte stride down the matrix; the
+    width divides N exactly, the epilogue (bias) is vectorised per tile, the answer exact. A [N, K]
+    (transposed) matrix keeps the one-vector tile."""
+    x, w, b = _rand(1, 1, 96), _rand(96, 384), _rand(384)
+    mod = _module({"x": x}, lambda bb, v: relax.op.add(relax.op.matmul(v, relax.const(w)), relax.const(b)))
+    target = _target(mcpu="x86-64-v3")
+    fused = fuse(mod, target)
+    scheduled, used = apply_default_schedules(fused, target)
+    assert used == {"tile": 1}
+    text = "\n".join(f.script() for f in scheduled.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    # 192 wide (the largest multiple of 8 up to 256 dividing 384): 24 unrolled vectors of 8 per row of W
+    assert "T.unroll(T.int64(24))" in text and "T.vectorized(T.int64(8))" in text, text[-3000:]
+    got, _ = _run(mod, {"x": x}, target)
+    _close(got, x @ w + b)
+    wt = _rand(384, 96)  # stored [N, K]: rows are not output-contiguous
+    mod_t = _module({"x": x}, lambda bb, v: relax.op.matmul(v, relax.op.permute_dims(relax.const(wt))))
+    got, used = _run(mod_t, {"x": x}, target)
+    assert used == {"tile": 1}
+    _close(got, x @ wt.T)

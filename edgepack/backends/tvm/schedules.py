@@ -32,6 +32,11 @@ _PARALLEL_MIN_WORK = 1 << 17
 # register-tile rows tried for the reuse axis, best first (rows x one vector of accumulators stays
 # within the 16 vector registers of AVX2/NEON with room for the loaded operands)
 _ROW_TILES = (8, 6, 4, 3, 2)
+# a matrix-vector product whose matrix is stored [K, N] (N contiguous; onnx_lstm's pre-transposed
+# recurrent weights): the output tile is up to this many elements wide, so every row of the matrix is
+# read as one contiguous run. With one vector per tile the K loop strode down the matrix 32 bytes at
+# a time, each access in another page: ddddocr_crnn's [512, 2048] recurrent GEMV took 4.3 ms per step.
+_GEMV_TILE = 256
 
 
 def apply_default_schedules(mod, target) -> tuple[object, Counter]:
@@ -262,12 +267,23 @@ def _tile_reduction(sch, lanes: int) -> bool:
     else:
         width = lanes  # a predicated tail: rare (a long prime axis)
     rows = 1
+    row_major = _contiguous_in(stmt, ivars[vec])
     if reuse is not None:
         vregs = -(-width // lanes)
         rows = next((r for r in _ROW_TILES if ext[reuse] % r == 0 and r * vregs <= 8), 1)
+    elif not unrolled and width == lanes and row_major:
+        # GEMV over a row-major [K, N] matrix: a wide tile, read row by row (see _GEMV_TILE)
+        width = max((w for w in range(lanes, min(ext[vec], _GEMV_TILE) + 1, lanes) if ext[vec] % w == 0),
+                    default=lanes)
     outer, inner = [], []
+    reuse_at = None
     for k in range(n_s):
-        if k == vec and width < ext[vec]:
+        if k == vec and width < ext[vec] and width > lanes and width % lanes == 0:
+            o, i = sch.split(loops[k], [None, width])
+            iu, il = sch.split(i, [None, lanes])
+            outer.append(o)
+            inner += [iu, il]
+        elif k == vec and width < ext[vec]:
             o, i = sch.split(loops[k], [None, width])
             outer.append(o)
             inner.append(i)
@@ -275,10 +291,17 @@ def _tile_reduction(sch, lanes: int) -> bool:
             inner.append(loops[k])
         elif k == reuse and rows > 1:
             o, i = sch.split(loops[k], [None, rows])
+            reuse_at = len(outer)
             outer.append(o)
             inner.insert(0, i)
         else:
+            reuse_at = len(outer) if k == reuse else reuse_at
             outer.append(loops[k])
+    if row_major and reuse is not None:
+        # a row-major [K, N] matrix times a few rows: the row tiles innermost of the outer loops, so
+        # consecutive tiles walk the same strip of the matrix (in cache) instead of the whole matrix
+        # once per row tile (ddddocr_crnn's [1024, 8210] classifier: 33.6 MB streamed 5 times)
+        outer.append(outer.pop(reuse_at))
     red_loops = loops[n_s:]
     sch.reorder(*outer, *red_loops, *inner)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
@@ -301,7 +324,7 @@ def _tile_reduction(sch, lanes: int) -> bool:
         sch.vectorize(inner[-1])
     init = sch.decompose_reduction(main, red_loops[0])
     il = sch.get_loops(init)
-    if len(il) > 1 and _extent(sch, il[-1]) == width:
+    if len(il) > 1 and _extent(sch, il[-1]) in (width, lanes):
         sch.vectorize(il[-1])  # (zeroing: any width vectorises well)
     for b in prologue:
         try:
@@ -313,10 +336,26 @@ def _tile_reduction(sch, lanes: int) -> bool:
 
 
 def _vectorize_tail(sch, loops, lanes: int) -> None:
-    """Vectorise the innermost loop of a per-tile epilogue when it is a short constant loop."""
+    """Vectorise the innermost loop of a per-tile epilogue: whole when it is short, else by vectors
+    (a wide GEMV tile's epilogue)."""
     e = _extent(sch, loops[-1])
     if e is not None and 1 < e <= 4 * lanes:
         sch.vectorize(loops[-1])
+    elif e is not None and e % lanes == 0:
+        sch.vectorize(sch.split(loops[-1], [None, lanes])[1])
+
+
+def _contiguous_in(stmt, var) -> bool:
+    """Whether some operand the block reads (not its own accumulator) is indexed by ``var`` in its
+    last (contiguous) dimension and by nothing else there: a row of a row-major matrix."""
+    written = [w.source for w in stmt.writes]
+    for region in stmt.reads:
+        if not region.region or any(region.source.same_as(b) for b in written):
+            continue
+        last = _vars_in(region.region[-1].min)
+        if len(last) == 1 and var in last and all(var not in _vars_in(r.min) for r in region.region[:-1]):
+            return True
+    return False
 
 
 def _parallel_vectorize(sch, block, lanes: int) -> None:
