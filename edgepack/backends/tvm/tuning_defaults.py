@@ -35,6 +35,19 @@ def timed_records(pairs, database, tvm_target, builder, runner) -> list:
     return records
 
 
+def naive_seconds(tasks, indices, tvm_target, builder, runner) -> dict[int, float]:
+    """task index -> seconds per call of the kernel as it comes (no rule schedules it, so a build runs
+    its loop nest as is): for where-the-time-goes only, never a record (an empty trace ranks nowhere)."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+    indices = list(indices)
+    scratch = ms.database.MemoryDatabase()
+    mods = [tasks[i].dispatched[0] for i in indices]  # one wrapper each: results come back keyed by it
+    timed = timed_records([(m, s_tir.Schedule(m)) for m in mods], scratch, tvm_target, builder, runner)
+    by_mod = {id(m): i for m, i in zip(mods, indices)}
+    return {by_mod[id(mod)]: sum(map(float, rec.run_secs)) / len(rec.run_secs) for mod, rec in timed}
+
+
 def _has_trace(database, mod, trace: str) -> bool:
     return database.has_workload(mod) and any(
         str(r.trace) == trace for r in database.get_top_k(database.commit_workload(mod), 1 << 16))
