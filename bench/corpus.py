@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in doc["rows"]]
         print(markdown_table(rows) if args.markdown else text_table(rows))
         print(f"\n{summary(rows)} (edgepack {doc.get('edgepack_commit', '?')}, targets {doc['targets']}, "
-              f"1 thread, best of {doc['rounds']} rounds of {doc['runs']} runs)")
+              f"threads {','.join(['1', *sorted({t for r in rows for t in r.by_threads}, key=int)])}, "
+              f"best of {doc['rounds']} rounds of {doc['runs']} runs)")
         return 0
     if args.list:
         for e in entries:
