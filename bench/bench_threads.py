@@ -14,21 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import ort_median  # noqa: E402  (one timing loop for every bench)
-
-
-def artifact_ms(path: Path, threads: int, runs: int) -> float:
-    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "5", "--threads", str(threads),
-                           "--json"], capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"{path}: bench failed: {(proc.stderr or proc.stdout).strip()[:300]}")
-    return float(json.loads(proc.stdout)["median_ms"])
+from corpus import artifact_median, ort_median, ort_session  # noqa: E402  (one timing loop for every bench)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,20 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, help="write the results here")
     a = ap.parse_args(argv)
-    import onnxruntime as ort
     from edgepack.model import fix_input_shapes, load_model, parse_shape_args
     from edgepack.reference import random_inputs
     arts = dict(s.split("=", 1) for s in a.artifacts)
     feeds = random_inputs(fix_input_shapes(load_model(a.model), parse_shape_args(a.shape)).inputs, seed=0)
     report: dict = {"model": str(a.model), "runs": a.runs, "rounds": a.rounds, "ms": {}}
     for t in (int(x) for x in a.threads.split(",")):
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads, opts.log_severity_level = t, 1, 3
-        sess = ort.InferenceSession(str(a.model), opts, providers=["CPUExecutionProvider"])
+        sess = ort_session(a.model, t)
         got: dict[str, list[float]] = {k: [] for k in [*arts, "onnxruntime"]}
         for _ in range(a.rounds):
             for label, path in arts.items():
-                got[label].append(artifact_ms(Path(path), t, a.runs))
+                got[label].append(artifact_median(Path(path), a.runs, threads=t, warmup=5))
             got["onnxruntime"].append(ort_median(sess, feeds, a.runs))
         best = {k: round(min(v), 3) for k, v in got.items()}
         report["ms"][str(t)] = best

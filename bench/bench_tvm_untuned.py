@@ -28,26 +28,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from corpus import build, fetch, load_table, ort_inputs, ort_median  # noqa: E402  (one corpus, one timing)
+from corpus import (artifact_median, build, fetch, load_table, ort_inputs, ort_median,  # noqa: E402
+                    ort_session)  # (one corpus, one timing)
 
 DEFAULT_MODELS = "ppocr_cls,orientation,silero_vad,ddddocr_crnn,ppocr_v4_rec,attacut"
-
-
-def ort_session(model: Path, threads: int):
-    import onnxruntime as ort
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-
-
-def artifact_ms(path: Path, threads: int, runs: int) -> float:
-    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "3", "--threads", str(threads),
-                           "--json"], capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{path.name} bench failed: {(proc.stderr or proc.stdout).strip()[:200]}")
-    return json.loads(proc.stdout)["median_ms"]
 
 
 def build_tvm(entry, model: Path, out: Path, schedules: bool) -> tuple[Path | None, float, str]:
@@ -137,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             got: dict[str, list[float]] = {k: [] for k in [*arts, "onnxruntime"]}
             for _ in range(args.rounds):
                 for label, art in arts.items():
-                    got[label].append(artifact_ms(art, t, args.runs))
+                    got[label].append(artifact_median(art, args.runs, threads=t))
                 got["onnxruntime"].append(ort_median(sess, feeds, args.runs))
             best = {k: round(min(v), 3) for k, v in got.items()}
             row["ms"][str(t)] = best

@@ -163,8 +163,9 @@ def ort_median(sess, feeds: dict, runs: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def artifact_median(path: Path, runs: int, env: dict | None = None, threads: int = 1) -> float:
-    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "3", "--threads", str(threads), "--json"],
+def artifact_median(path: Path, runs: int, env: dict | None = None, threads: int = 1, warmup: int = 3) -> float:
+    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", str(warmup), "--threads", str(threads),
+                           "--json"],
                           capture_output=True, text=True, timeout=1800, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{path.name} bench failed: {(proc.stderr or proc.stdout).strip()[:200]}")

@@ -106,7 +106,6 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
             out_console.print(f"later `edgepack build` runs for {target.name} (any model) use it automatically")
 
 
-
 def _print_plan(summary: dict, res, as_json: bool) -> None:
     """`tune --plan`: the per-kernel table and the model's own time, nothing tuned."""
     plan = {k: summary[k] for k in ("model", "target", "database", "tasks", "tasks_reused", "proxy", "measured_with",
@@ -121,8 +120,9 @@ def _print_plan(summary: dict, res, as_json: bool) -> None:
     table.add_column("kernel", overflow="fold")
     for col in ("calls", "ms/call", "ms", "share", "searched", "next"):
         table.add_column(col, justify="right")
+    def fmt(v, spec):
+        return "?" if v is None else format(v, spec)
     for r in res.task_rows:
-        fmt = (lambda v, spec: "?" if v is None else format(v, spec))
         table.add_row(escape(r["task"]), str(r["calls"]), fmt(r["ms_per_call"], ".4f"), fmt(r["ms"], ".4f"),
                       "?" if r["share"] is None else f"{100 * r['share']:.1f}%", "yes" if r["searched_before"] else "",
                       "yes" if r["chosen"] else "")

@@ -45,7 +45,7 @@ from ...runner import host_arch
 from ...targets import Target
 from .runtime_lib import TVM_VERSION
 from .target_map import isa_variants, target_dict
-from .tuning_defaults import default_records, default_traces, defaults_kept, naive_seconds
+from .tuning_defaults import default_records, default_traces, defaults_kept, naive_records
 from .tuning_plan import max_tasks_for, plan as plan_tuning, task_costs, task_rows
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
@@ -313,8 +313,8 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, plan_on
         costs = task_costs(extracted, database, default_schs, defaults)
         unknown = [c.index for c in costs if c.seconds is None]
         if unknown:  # kernels no rule schedules and no record covers: what they cost as they come
-            costs = task_costs(extracted, database, default_schs, defaults,
-                               naive_seconds(extracted, unknown, tvm_target, local, runner))
+            costs = task_costs(extracted, database, default_schs,
+                               {**defaults, **naive_records(extracted, unknown, tvm_target, local, runner)})
         tuned_before = sum(1 for c in costs if c.searched)
         log(f"{len(extracted)} tuning tasks; {tuned_before} searched by earlier tunes (reused)"
             + (f"; budget {budget_s:.0f} s" if budget_s else ""))

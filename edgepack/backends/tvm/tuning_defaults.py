@@ -14,8 +14,8 @@ import shutil
 
 
 def timed_records(pairs, database, tvm_target, builder, runner) -> list:
-    """(workload IRModule, TuningRecord) for (workload IRModule, s_tir.Schedule of it) pairs, each built
-    and timed like a MetaSchedule candidate; a schedule that fails to build or run gets none."""
+    """For (workload IRModule, s_tir.Schedule of it) pairs, each built and timed like a MetaSchedule
+    candidate: one TuningRecord per pair, in order, None for a schedule that failed to build or run."""
     from tvm.s_tir import meta_schedule as ms
     if not pairs:
         return []
@@ -23,29 +23,27 @@ def timed_records(pairs, database, tvm_target, builder, runner) -> list:
     args = [ms.arg_info.ArgInfo.from_prim_func(mod["main"]) for mod, _sch in pairs]
     ok = [i for i, b in enumerate(built) if b.error_msg is None and b.artifact_path]
     futures = runner.run([ms.runner.RunnerInput(built[i].artifact_path, "cpu", args[i]) for i in ok])
-    records = []
+    records = [None] * len(pairs)
     for i, fut in zip(ok, futures):
         res = fut.result()
         shutil.rmtree(os.path.dirname(built[i].artifact_path), ignore_errors=True)
         if res.error_msg is not None or not res.run_secs:
             continue
         mod, sch = pairs[i]
-        records.append((mod, ms.database.TuningRecord(sch.trace, database.commit_workload(mod),
-                                                      [float(x) for x in res.run_secs], tvm_target, args[i])))
+        records[i] = ms.database.TuningRecord(sch.trace, database.commit_workload(mod),
+                                              [float(x) for x in res.run_secs], tvm_target, args[i])
     return records
 
 
-def naive_seconds(tasks, indices, tvm_target, builder, runner) -> dict[int, float]:
-    """task index -> seconds per call of the kernel as it comes (no rule schedules it, so a build runs
-    its loop nest as is): for where-the-time-goes only, never a record (an empty trace ranks nowhere)."""
+def naive_records(tasks, indices, tvm_target, builder, runner) -> dict[int, object]:
+    """task index -> timed record of the kernel as it comes (no rule schedules it, so a build runs its
+    loop nest as is): for where-the-time-goes only, never committed (an empty trace ranks nowhere)."""
     from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
     indices = list(indices)
-    scratch = ms.database.MemoryDatabase()
-    mods = [tasks[i].dispatched[0] for i in indices]  # one wrapper each: results come back keyed by it
-    timed = timed_records([(m, s_tir.Schedule(m)) for m in mods], scratch, tvm_target, builder, runner)
-    by_mod = {id(m): i for m, i in zip(mods, indices)}
-    return {by_mod[id(mod)]: sum(map(float, rec.run_secs)) / len(rec.run_secs) for mod, rec in timed}
+    pairs = [(tasks[i].dispatched[0], s_tir.Schedule(tasks[i].dispatched[0])) for i in indices]
+    records = timed_records(pairs, ms.database.MemoryDatabase(), tvm_target, builder, runner)
+    return {i: rec for i, rec in zip(indices, records) if rec is not None}
 
 
 def _has_trace(database, mod, trace: str) -> bool:
@@ -74,10 +72,9 @@ def default_records(tasks, defaults: dict, database, tvm_target, builder, runner
     todo = [i for i, sch in defaults.items() if not _has_trace(database, tasks[i].dispatched[0], str(sch.trace))]
     if todo:
         log(f"timing the default schedules of {len(todo)} tasks (the records tuning has to beat)")
-    pairs = [(tasks[i].dispatched[0], defaults[i]) for i in todo]
-    by_workload = {id(p[0]): i for i, p in zip(todo, pairs)}
-    records = timed_records(pairs, database, tvm_target, builder, runner)
-    return {by_workload[id(mod)]: rec for mod, rec in records}
+    records = timed_records([(tasks[i].dispatched[0], defaults[i]) for i in todo], database, tvm_target,
+                            builder, runner)
+    return {i: rec for i, rec in zip(todo, records) if rec is not None}
 
 
 def defaults_kept(tasks, defaults: dict, database) -> int:

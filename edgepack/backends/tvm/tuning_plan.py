@@ -62,10 +62,10 @@ def _mean(xs) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def task_costs(tasks, database, defaults: dict, new_records: dict, naive: dict | None = None) -> list[TaskCost]:
+def task_costs(tasks, database, defaults: dict, new_records: dict) -> list[TaskCost]:
     """One TaskCost per task. ``defaults``: task index -> default Schedule (tuning_defaults.
-    default_traces); ``new_records``: task index -> timed default record not yet committed;
-    ``naive``: task index -> seconds of a kernel no rule schedules, as it comes."""
+    default_traces); ``new_records``: task index -> timed record not committed (a default schedule,
+    or the naive loop nest of a kernel no rule schedules)."""
     out = []
     for i, task in enumerate(tasks):
         mod = task.dispatched[0]
@@ -81,8 +81,6 @@ def task_costs(tasks, database, defaults: dict, new_records: dict, naive: dict |
             t = _mean(new_records[i].run_secs or [])
             if t is not None:
                 times.append(t)
-        if not times and naive and i in naive:
-            times.append(naive[i])
         out.append(TaskCost(i, str(task.task_name), int(task.weight), min(times) if times else None, searched))
     return out
 
