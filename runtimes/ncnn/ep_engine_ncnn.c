@@ -161,6 +161,9 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
         else if (sw.key == EP_NCNN_SW_FP16) {
             ncnn_option_set_use_fp16_storage(e->opt, sw.on);
             ncnn_option_set_use_fp16_packed(e->opt, sw.on);
+        } else if (sw.key == EP_NCNN_SW_BF16) {  /* only where libncnn was built with NCNN_BF16 */
+            ncnn_option_set_use_bf16_storage(e->opt, sw.on);
+            ncnn_option_set_use_bf16_packed(e->opt, sw.on);
         } else if (sw.key == EP_NCNN_SW_POOL) {
             int shared = sw.pool == EP_NCNN_POOL_SHARED, unlocked = sw.pool == EP_NCNN_POOL_UNLOCKED;
             int best = sw.pool == EP_NCNN_POOL_BEST, one = sw.pool == EP_NCNN_POOL_ONE || best;

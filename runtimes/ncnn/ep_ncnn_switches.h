@@ -3,8 +3,8 @@
  * must not need libncnn. ep_engine_ncnn.c (apply_switches) applies what this parses.
  *
  * Header-only (static functions) so the engine's source list stays as it is.
- * The list: comma-separated key=value items, each under 64 bytes: winograd, sgemm, packing, fp16
- * ("1" on, anything else off), pool=best[<N>] (N <= 1000, default 100), local, shared, one,
+ * The list: comma-separated key=value items, each under 64 bytes: winograd, sgemm, packing, fp16,
+ * bf16 ("1" on, anything else off), pool=best[<N>] (N <= 1000, default 100), local, shared, one,
  * unlocked or none. */
 #ifndef EP_NCNN_SWITCHES_H
 #define EP_NCNN_SWITCHES_H
@@ -20,6 +20,7 @@ typedef enum {
     EP_NCNN_SW_SGEMM,
     EP_NCNN_SW_PACKING,
     EP_NCNN_SW_FP16,
+    EP_NCNN_SW_BF16,
     EP_NCNN_SW_POOL,
 } ep_ncnn_switch_key;
 
@@ -34,7 +35,7 @@ typedef enum {
 
 typedef struct {
     ep_ncnn_switch_key key;
-    int on;                 /* winograd, sgemm, packing, fp16 */
+    int on;                 /* winograd, sgemm, packing, fp16, bf16 */
     ep_ncnn_pool_kind pool; /* pool */
     unsigned slack;         /* pool=best<N>: a cached buffer serves requests down to 1/(1+N%) of its size */
 } ep_ncnn_switch;
@@ -62,6 +63,7 @@ static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status 
     else if (strcmp(k, "sgemm") == 0) sw->key = EP_NCNN_SW_SGEMM;
     else if (strcmp(k, "packing") == 0) sw->key = EP_NCNN_SW_PACKING;
     else if (strcmp(k, "fp16") == 0) sw->key = EP_NCNN_SW_FP16;
+    else if (strcmp(k, "bf16") == 0) sw->key = EP_NCNN_SW_BF16;
     else if (strcmp(k, "pool") == 0) {
         sw->key = EP_NCNN_SW_POOL;
         sw->slack = 100;
@@ -88,7 +90,7 @@ static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status 
         }
     } else {
         return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: unknown switch '%s' (winograd, sgemm, "
-                       "packing, fp16, pool)", k);
+                       "packing, fp16, bf16, pool)", k);
     }
     return EP_OK;
 }

@@ -55,7 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 }
 
 #ifndef EP_LIBFUZZER
-static const char *const TOKENS[] = {"winograd=", "sgemm=", "packing=", "fp16=", "pool=", "best", "best300",
+static const char *const TOKENS[] = {"winograd=", "sgemm=", "packing=", "fp16=", "bf16=", "pool=", "best", "best300",
                                      "local", "shared", "one", "unlocked", "none", "=1", "=0", ",", ",,", "=",
                                      "1000", "1001", "99999999999999999999", "-1", " 5", "+5"};
 
@@ -69,6 +69,7 @@ static const struct {
     {"winograd=0", 1, EP_NCNN_SW_WINOGRAD, 0, 0, 0},
     {"sgemm=1,packing=0", 2, EP_NCNN_SW_SGEMM, 1, 0, 0},
     {"fp16=1", 1, EP_NCNN_SW_FP16, 1, 0, 0},
+    {"bf16=1,winograd=0", 2, EP_NCNN_SW_BF16, 1, 0, 0},
     {"pool=best300", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_BEST, 300},
     {"pool=best", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_BEST, 100},
     {"pool=best1000", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_BEST, 1000},
