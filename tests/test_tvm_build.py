@@ -4,6 +4,7 @@ TVM for ops NCNN lacks and NCNN for ops TVM lacks, saying why; a tuning round tr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import numpy as np
@@ -257,6 +258,7 @@ def test_tune_plan_says_where_the_time_goes_and_changes_nothing(tiny_cnn, tmp_pa
     plan = json.loads(proc.stdout)
     rows = plan["task_table"]
     assert len(rows) == plan["tasks"] >= 2 and not db.exists()
+    assert plan["measure_threads"] == [1, os.cpu_count()]  # the 2-core build machine: 1 thread and both
     ms = [r["ms"] for r in rows]
     assert all(m is not None and m > 0 for m in ms) and ms == sorted(ms, reverse=True)
     assert abs(sum(r["share"] for r in rows) - 1.0) < 0.01

@@ -49,6 +49,7 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
     """
     from ..backends.tvm.tuning import parse_budget
     from ..backends.tvm.tuning import tune as run_tune
+    from ..backends.tvm.tuning_runner import measure_threads
     from ..model import parse_shape_args
     from ..pipeline import BuildOptions, prepare
     from ..targets import TargetMatrix
@@ -83,7 +84,8 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
                "records": res.records, "seconds": round(res.seconds, 1), "budget_s": res.budget_s,
                "proxy": res.proxy, "label": label, "measured_with": res.measured_with,
                "ms_untuned": res.ms_before, "ms_tuned": res.ms_after, "tasks_default_kept": res.defaults_kept,
-               "tasks_searched": res.searched, "hot_share": round(res.hot_share, 3), "task_table": list(res.task_rows)}
+               "tasks_searched": res.searched, "hot_share": round(res.hot_share, 3), "task_table": list(res.task_rows),
+               "measure_threads": list(measure_threads())}
     if plan_only:
         _print_plan(summary, res, as_json)
     elif as_json:
@@ -109,14 +111,15 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
 def _print_plan(summary: dict, res, as_json: bool) -> None:
     """`tune --plan`: the per-kernel table and the model's own time, nothing tuned."""
     plan = {k: summary[k] for k in ("model", "target", "database", "tasks", "tasks_reused", "proxy", "measured_with",
-                                    "ms_untuned", "hot_share", "task_table")}
+                                    "measure_threads", "ms_untuned", "hot_share", "task_table")}
     if as_json:
         click.echo(json.dumps(plan, indent=1))
         return
     from rich.table import Table
+    threads = " and ".join(map(str, summary["measure_threads"]))
     table = Table(title=f"where {Path(summary['model']).name} spends its time on {summary['target']} "
-                        "(each kernel timed alone, 1 thread; searched: by an earlier tune; next: what a tune "
-                        "searches first)")
+                        f"(each kernel timed alone: geometric mean over {threads} thread(s); searched: by an "
+                        "earlier tune; next: what a tune searches first)")
     table.add_column("kernel", overflow="fold")
     for col in ("calls", "ms/call", "ms", "share", "searched", "next"):
         table.add_column(col, justify="right")

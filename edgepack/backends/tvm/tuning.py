@@ -47,9 +47,10 @@ from .runtime_lib import TVM_VERSION
 from .target_map import isa_variants, target_dict
 from .tuning_defaults import default_records, default_traces, defaults_kept, naive_records
 from .tuning_plan import max_tasks_for, plan as plan_tuning, task_costs, task_rows
+from .tuning_runner import THREADS_ENV, measure_threads, run_at_thread_counts, set_threads
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
-DB_VERSION = 2  # 2: one database per target, accumulating across models
+DB_VERSION = 3  # 2: one database per target, accumulating across models; 3: timed at 1 thread and every core
 BUILDER_TIMEOUT_S = 600.0
 # Search settings for a 2-core machine (see module doc).
 TRIALS_PER_BATCH = 16
@@ -57,7 +58,6 @@ POPULATION = 64
 GENETIC_ITERS = 2
 INIT_MIN_UNMEASURED = 16
 MAX_TRIALS_PER_TASK = 256
-MEASURE_THREADS = 1  # what `auto` times artifacts with (selection.BENCH_THREADS)
 
 
 def model_key(model: LoadedModel) -> str:
@@ -205,21 +205,23 @@ def tune(model: LoadedModel, target: Target, trials: int | None = None, *, budge
     if trials is not None and trials < 1:
         raise UsageError("--trials must be at least 1")
     with TVM_LOCK:
-        # candidates are timed with the threads the artifact is timed with (selection.py: 1): timed
-        # on every core, parallel schedules won that ran slower on 1 thread (orientation, 20m budget:
-        # 5 tuned kernels made the artifact 13.6 -> 18.5 ms on 1 thread, 13.3 -> 10.6 ms on 2).
-        # Runner workers inherit the variable when they start, TVM's thread pool reads it then.
-        saved = os.environ.get("TVM_NUM_THREADS")
-        os.environ["TVM_NUM_THREADS"] = str(MEASURE_THREADS)
+        # candidates are timed on 1 thread and on every core (tuning_runner.py): runner workers
+        # inherit both variables when they start; TVM's pool is sized by TVM_NUM_THREADS then and
+        # resized per measurement
+        counts = measure_threads()
+        saved = {k: os.environ.get(k) for k in ("TVM_NUM_THREADS", THREADS_ENV)}
+        os.environ["TVM_NUM_THREADS"] = str(max(counts))
+        os.environ[THREADS_ENV] = ",".join(map(str, counts))
         try:
             import_tvm()
             return _tune(model, target, trials, budget_s, out_dir=out_dir, workers=workers, measure=measure,
                          plan_only=plan_only, log=log)
         finally:
-            if saved is None:
-                os.environ.pop("TVM_NUM_THREADS", None)
-            else:
-                os.environ["TVM_NUM_THREADS"] = saved
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _has_record(database, task) -> bool:
@@ -304,7 +306,8 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, plan_on
         deadline = t_start + budget_s if budget_s else float("inf")
         local = ms.builder.LocalBuilder(max_workers=workers, timeout_sec=BUILDER_TIMEOUT_S, f_build=_build_candidate)
         builder = _budget_builder(local, deadline)
-        runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1,
+        runner = ms.runner.LocalRunner(f_run_evaluator=run_at_thread_counts,
+                                       evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1,
                                                                                   min_repeat_ms=0))
         # measured before the search (inside the budget), committed after it: MetaSchedule's search
         # replays database records as seeds and aborts on one its postprocessors reject
@@ -355,7 +358,7 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, plan_on
         seconds = time.monotonic() - t_start
         meta = _read_meta(dest)
         meta.update({"target": target.name, "target_dict": target_dict(target), "measured_with": measure_dict,
-                     "measure_threads": MEASURE_THREADS,
+                     "measure_threads": list(measure_threads()),
                      "proxy": proxy or meta.get("proxy", False), "tvm": TVM_VERSION, "records": records,
                      "workloads": _lines(work / DB_FILES[0])})
         meta.setdefault("models", []).append({
@@ -444,6 +447,7 @@ def _measure_ms(model: LoadedModel, fused, tvm_target, db_dir: Path | None) -> f
         with tvm.transform.PassContext(opt_level=3):
             ex = relax.build(mod, target=tvm_target, relax_pipeline=lower_pipeline(tvm_target))
         dev = tvm.cpu()
+        set_threads(1)  # the before/after report is on 1 thread, as `auto` times artifacts
         vm = relax.VirtualMachine(ex, dev)
         args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in random_inputs(model.inputs, 0).values()]
         vm["main"](*args)  # warm-up

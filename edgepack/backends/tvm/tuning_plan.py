@@ -114,6 +114,12 @@ def plan(costs: list[TaskCost], max_tasks: int | None = None, exclude: frozenset
     return TuningPlan(tuple(costs), tuple(chosen), covered, fresh)
 
 
+def _ms4(seconds: float | None) -> float | None:
+    # four significant digits, not four decimals: a copy kernel takes ~0.00003 ms, and 0 would read
+    # as "not timed"
+    return None if seconds is None else float(f"{seconds * 1e3:.4g}")
+
+
 def task_rows(costs: list[TaskCost], chosen) -> tuple[dict, ...]:
     """Per task, hottest first: name, calls, ms per call and in all (best known schedule), share of
     the model's known kernel time, searched by an earlier tune, and `chosen` (searched now / next)."""
@@ -121,7 +127,6 @@ def task_rows(costs: list[TaskCost], chosen) -> tuple[dict, ...]:
     picked = set(chosen)
     rows = sorted(costs, key=lambda c: -(c.total if c.total is not None else float("inf")))
     return tuple({"task": c.name, "calls": c.weight,
-                  "ms_per_call": None if c.seconds is None else round(c.seconds * 1e3, 4),
-                  "ms": None if c.total is None else round(c.total * 1e3, 4),
+                  "ms_per_call": _ms4(c.seconds), "ms": _ms4(c.total),
                   "share": None if c.total is None else round(c.total / known_total, 4),
                   "searched_before": c.searched, "chosen": c.index in picked} for c in rows)
