@@ -7,13 +7,14 @@ run clearly faster at 2 threads than at 1 when timed through run_at_thread_count
 pool is sized from TVM_NUM_THREADS when it starts."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 
 CHILD = textwrap.dedent('''
-    import os, sys, json, numpy as np, tvm
+    import os, json, numpy as np, tvm
     from tvm.script import tirx as T
     from tvm.s_tir.meta_schedule.runner import EvaluatorConfig
     from edgepack.backends.tvm.tuning_runner import THREADS_ENV, run_at_thread_counts
@@ -47,7 +48,6 @@ def test_candidates_are_timed_at_each_thread_count(tmp_path):
     child.write_text(CHILD)
     proc = subprocess.run([sys.executable, str(child)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import json
     t = json.loads(proc.stdout.strip().splitlines()[-1])
     assert t["1"] > 1.25 * t["2"], t           # the pool really was resized
     assert t["2"] * 0.9 < t["1,2"] < t["1"] * 1.1, t   # the geometric mean of the two

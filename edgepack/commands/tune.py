@@ -49,7 +49,6 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
     """
     from ..backends.tvm.tuning import parse_budget
     from ..backends.tvm.tuning import tune as run_tune
-    from ..backends.tvm.tuning_runner import measure_threads
     from ..model import parse_shape_args
     from ..pipeline import BuildOptions, prepare
     from ..targets import TargetMatrix
@@ -85,7 +84,7 @@ def tune(model, target_spec, budget, trials, out_db, no_measure, input_shapes, t
                "proxy": res.proxy, "label": label, "measured_with": res.measured_with,
                "ms_untuned": res.ms_before, "ms_tuned": res.ms_after, "tasks_default_kept": res.defaults_kept,
                "tasks_searched": res.searched, "hot_share": round(res.hot_share, 3), "task_table": list(res.task_rows),
-               "measure_threads": list(measure_threads())}
+               "measure_threads": list(res.measure_threads)}
     if plan_only:
         _print_plan(summary, res, as_json)
     elif as_json:

@@ -46,7 +46,7 @@ from ...targets import Target
 from .runtime_lib import TVM_VERSION
 from .target_map import isa_variants, target_dict
 from .tuning_defaults import default_records, default_traces, defaults_kept, naive_records
-from .tuning_plan import max_tasks_for, plan as plan_tuning, task_costs, task_rows
+from .tuning_plan import max_tasks_for, ms4, plan as plan_tuning, task_costs, task_rows
 from .tuning_runner import THREADS_ENV, measure_threads, run_at_thread_counts, set_threads
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
@@ -191,6 +191,7 @@ class TuneResult:
     searched: int = 0        # tasks this run searched (tuning_plan.py: the hot ones)
     hot_share: float = 0.0   # of the model's time on default schedules, what those tasks took
     task_rows: tuple = ()    # per task, where the time goes (tuning_plan.task_rows), hottest first
+    measure_threads: tuple = (1,)  # the thread counts each candidate was timed at (tuning_runner.py)
 
 
 def tune(model: LoadedModel, target: Target, trials: int | None = None, *, budget_s: float | None = None,
@@ -281,6 +282,7 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, plan_on
     from tvm.s_tir.meta_schedule.relax_integration import extract_tasks
     from .compile import fuse, import_onnx
     t_start = time.monotonic()
+    counts = measure_threads()  # tune() has put them in the environment the runner workers inherit
     dest = Path(out_dir) if out_dir else default_db_dir(target)
     measure_dict, proxy = measuring_target(target)
     tvm_target = tvm.target.Target(measure_dict)
@@ -325,7 +327,8 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, plan_on
             first = plan_tuning(costs, max_tasks_for(budget_s))
             shutil.rmtree(work, ignore_errors=True)
             return TuneResult(dest, 0, len(extracted), tuned_before, 0, 0, time.monotonic() - t_start, proxy, budget_s,
-                              ms_before, None, measure_dict, 0, 0, first.share, task_rows(costs, first.chosen))
+                              ms_before, None, measure_dict, 0, 0, first.share, task_rows(costs, first.chosen),
+                              counts)
         # waves: the hottest tasks first; when they are done (each at MAX_TRIALS_PER_TASK) and the
         # budget or trial cap allows, the next hottest (an idle 2-core machine measures a batch in
         # ~5 s, a loaded one in 1-2.5 min: the budget, not a guess, decides how far this gets)
@@ -358,7 +361,7 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, plan_on
         seconds = time.monotonic() - t_start
         meta = _read_meta(dest)
         meta.update({"target": target.name, "target_dict": target_dict(target), "measured_with": measure_dict,
-                     "measure_threads": list(measure_threads()),
+                     "measure_threads": list(counts),
                      "proxy": proxy or meta.get("proxy", False), "tvm": TVM_VERSION, "records": records,
                      "workloads": _lines(work / DB_FILES[0])})
         meta.setdefault("models", []).append({
@@ -367,12 +370,12 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, plan_on
             "budget_s": budget_s, "trial_cap": trials, "seconds": round(seconds, 1),
             "ms_before": ms_before, "ms_after": ms_after, "proxy": proxy, "defaults_kept": kept,
             "searched": len(searched), "hot_share": round(hot_share, 3),
-            "searched_tasks": [{"task": costs[i].name, "ms": _ms(costs[i].total)} for i in searched]})
+            "searched_tasks": [{"task": costs[i].name, "ms": ms4(costs[i].total)} for i in searched]})
         (work / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
         _publish(work, dest)
     return TuneResult(dest, counter[0], len(extracted), tuned_before, tuned_now, records, seconds, proxy,
                       budget_s, ms_before, ms_after, measure_dict, kept, len(searched), hot_share,
-                      task_rows(costs, tuple(searched)))
+                      task_rows(costs, tuple(searched)), counts)
 
 
 def _search(ms, tvm, todo, work, builder, runner, database, counter, deadline, cap, budget_s, t_start, log) -> None:
@@ -400,10 +403,6 @@ def _search(ms, tvm, todo, work, builder, runner, database, counter, deadline, c
             raise BuildError(f"tuning failed: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__}",
                              hint=f"logs in {work / 'logs'}") from exc
         log("search stopped at the budget")
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1e3, 4)
 
 
 def _lines(path: Path) -> int:

@@ -114,7 +114,7 @@ def plan(costs: list[TaskCost], max_tasks: int | None = None, exclude: frozenset
     return TuningPlan(tuple(costs), tuple(chosen), covered, fresh)
 
 
-def _ms4(seconds: float | None) -> float | None:
+def ms4(seconds: float | None) -> float | None:
     # four significant digits, not four decimals: a copy kernel takes ~0.00003 ms, and 0 would read
     # as "not timed"
     return None if seconds is None else float(f"{seconds * 1e3:.4g}")
@@ -127,6 +127,6 @@ def task_rows(costs: list[TaskCost], chosen) -> tuple[dict, ...]:
     picked = set(chosen)
     rows = sorted(costs, key=lambda c: -(c.total if c.total is not None else float("inf")))
     return tuple({"task": c.name, "calls": c.weight,
-                  "ms_per_call": _ms4(c.seconds), "ms": _ms4(c.total),
+                  "ms_per_call": ms4(c.seconds), "ms": ms4(c.total),
                   "share": None if c.total is None else round(c.total / known_total, 4),
                   "searched_before": c.searched, "chosen": c.index in picked} for c in rows)

@@ -39,11 +39,10 @@ def set_threads(n: int) -> None:
 
 def run_at_thread_counts(rt_mod, device, evaluator_config, repeated_args) -> list[float]:
     """MetaSchedule's f_run_evaluator: one cost per argument set, the geometric mean of the
-    candidate's time at each count in $EDGEPACK_TUNE_THREADS (default: 1 thread)."""
+    candidate's time at each of measure_threads() (tune() sets $EDGEPACK_TUNE_THREADS for the workers)."""
     from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
-    counts = [int(c) for c in os.environ.get(THREADS_ENV, "1").split(",") if c.strip()]
     per_count = []
-    for n in counts:
+    for n in measure_threads():
         set_threads(n)
         per_count.append(run_evaluator_common(rt_mod, device, evaluator_config, repeated_args))
     return [math.exp(sum(math.log(max(c[i], 1e-12)) for c in per_count) / len(per_count))
