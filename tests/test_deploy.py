@@ -114,7 +114,7 @@ def test_eight_devices_in_parallel(lab, tmp_path):
     art = make_standin(tmp_path / "v1")
     t0 = time.monotonic()
     rc, data, err = edgepack_json("deploy", art, "-I", inv, "--tag", "x86_64", "--tag", "arm64", "-j", "8")
-    assert rc == 0, err
+    assert rc == 0, (err, [(r["device"], r.get("message")) for r in (data or {}).get("results", [])])
     assert [r["status"] for r in data["results"]] == ["deployed"] * 8
     assert time.monotonic() - t0 < 60
 

@@ -199,3 +199,19 @@ def test_fail_fast_skips_devices_not_started(lab, tmp_path):
                                 "--fail-fast", "--connect-timeout", "2")
     statuses = [r["status"] for r in data["results"]]
     assert rc == 9 and statuses == ["unreachable", "skipped", "skipped"]
+
+
+def test_output_written_after_the_exit_status_is_not_lost(lab):
+    # sshd sends exit-status when the shell exits, while its pipe may still hold output (here: a child
+    # that outlives the shell and writes later). A reader that stops at exit-status loses that output;
+    # under load this made a device's probe come back empty ("did not answer the probe").
+    from edgepack.deploy.ssh import connect
+    lab.add("x1", "x86_64")
+    inv = load_inventory(lab.write_inventory())
+    with connect(inv.devices["x1"], SSHOptions(connect_timeout=5)) as conn:
+        res = conn.run("(sleep 0.5; echo late; echo late-err >&2) & echo early; exit 3", 20)
+        assert (res.rc, res.stdout, res.stderr) == (3, "early\nlate\n", "late-err\n"), res
+        # a child that keeps the pipe open far longer is not waited for beyond a short grace
+        t0 = time.monotonic()
+        res = conn.run("(sleep 60) & echo now", 20)
+        assert res.rc == 0 and res.stdout == "now\n" and time.monotonic() - t0 < 15, res

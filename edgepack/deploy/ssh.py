@@ -174,6 +174,10 @@ def _local_user() -> str:
     return getpass.getuser()
 
 
+# how long output may still arrive after the command's exit-status when EOF has not come yet
+_OUTPUT_GRACE_S = 5.0
+
+
 class SSHConnector(Connector):
     def __init__(self, device: Device, client: paramiko.SSHClient):
         self.device, self.client = device, client
@@ -202,14 +206,23 @@ class SSHConnector(Connector):
             # devices at once, 5 ms polling loops in every thread fought over the GIL (and the CPU the
             # devices' own sshd needs on a small machine).
             fd = chan.fileno()
+            exited_at = None
             while True:  # bounded by `deadline`
                 while chan.recv_ready():
                     out += chan.recv(65536)
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
-                if chan.closed or chan.exit_status_ready():  # output precedes exit-status in the stream
+                # Done at EOF, not at exit-status: sshd sends exit-status when the shell exits and reads
+                # what is still in the pipe afterwards, so output can follow it. A child that outlives
+                # the shell and keeps the pipe open gets a short grace, not the whole timeout.
+                if chan.closed or (chan.eof_received and chan.exit_status_ready()):
                     break
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                if chan.exit_status_ready():
+                    exited_at = exited_at or now
+                    if now - exited_at > _OUTPUT_GRACE_S:
+                        break
+                left = deadline - now
                 if left <= 0:
                     chan.close()
                     raise CommandTimeout(f"{self.device.name}: command timed out after {timeout:.0f} s")
