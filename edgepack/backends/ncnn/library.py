@@ -24,6 +24,7 @@ from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
+from .lstm_patch import LSTM_PATCH_VERSION, patch_lstm
 from .source_patch import PATCH_VERSION, patch_source
 
 RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
@@ -145,9 +146,12 @@ def _toolchain_file(path: Path, target: Target, wrappers: dict[str, Path]) -> No
 
 def library_key(target: Target, toolchain: Toolchain) -> tuple[str, dict]:
     opts = library_options(target)
-    key = key_of({"sdist": NCNN_SDIST.sha256, "zig": toolchain.version, "triple": target.triple.zig,
-                  "cpu": generic_cpu(target), "options": opts, "wrapper": WRAPPER_VERSION,
-                  "recipe": RECIPE_VERSION, "source_patch": PATCH_VERSION})
+    recipe = {"sdist": NCNN_SDIST.sha256, "zig": toolchain.version, "triple": target.triple.zig,
+              "cpu": generic_cpu(target), "options": opts, "wrapper": WRAPPER_VERSION,
+              "recipe": RECIPE_VERSION, "source_patch": PATCH_VERSION}
+    if target.arch == "x86_64":  # only x86 builds compile the patched LSTM file
+        recipe["lstm_patch"] = LSTM_PATCH_VERSION
+    key = key_of(recipe)
     return key, opts
 
 
@@ -176,6 +180,8 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
         top.rename(root / "src")
         shutil.rmtree(root / "extract")
         patch_source(root / "src")
+        if target.arch == "x86_64":
+            patch_lstm(root / "src")
         wrappers = toolchain.write_wrappers(root / "toolchain", target, generic_cpu(target), march_flags(root / "src"))
         _toolchain_file(root / "toolchain.cmake", target, wrappers)
         flags = f"-ffile-prefix-map={root}=/ncnn -ffunction-sections -fdata-sections -g0"
