@@ -1,5 +1,5 @@
 """ncnn's x86 LSTM as edgepack builds it (edgepack/backends/ncnn/lstm_patch.py: the input products of
-every step are computed before the recurrence) gives onnxruntime's answer on every x86 CPU model the
+every step are computed before the recurrence; W_hc in fp16 under fp16 storage) gives onnxruntime's answer on every x86 CPU model the
 artifact may meet: AVX-512 (native here), AVX2+FMA (Haswell) and SSE only (Nehalem) each run a
 different copy of the patched code. The shapes reach every branch of the patch: an odd hidden size
 (the 4-lane unit left over after the 8-lane pairs), a sequence of 7 (one block of 4 steps and a tail
@@ -46,29 +46,57 @@ def lstm_model(tmp_path_factory):
     return path
 
 
-def test_patched_lstm_matches_onnxruntime_on_every_x86_cpu(lstm_model, tmp_path):
-    out = tmp_path / "dist"
-    proc = run_edgepack("build", str(lstm_model), "--target", "x86_64", "--backend", "ncnn", "--fp32",
+def _build(model, out, *precision):
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", *precision,
                         "--out", str(out), "--json")
     report = json.loads(proc.stdout) if proc.stdout.strip() else {}
     assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
-    assert report["results"][0]["backend"] == "ncnn"
-    art = out / "bilstm-x86_64"
-    backend = json.loads((out / "bilstm-x86_64.json").read_text())["backend"]
-    assert "LSTM" in backend["layers"] and backend["precision"] == "fp32", backend  # ncnn's own LSTM layer runs it
+    backend = json.loads((out / f"{model.stem}-x86_64.json").read_text())["backend"]
+    assert "LSTM" in backend["layers"], backend  # ncnn's own LSTM layer runs it
+    return out / f"{model.stem}-x86_64", backend
 
+
+def _run(art, cpu, x_path, out, ncnn_options=""):
+    run = subprocess.run(command_for_cpu(art, cpu) + ["run", "--input", f"x={x_path}", "--output", str(out)],
+                         capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "EDGEPACK_NCNN_OPTIONS": ncnn_options})
+    assert run.returncode == 0, f"{cpu}: {run.stderr}"
+    return np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
+
+
+def test_patched_lstm_matches_onnxruntime_on_every_x86_cpu(lstm_model, tmp_path):
     x = np.random.default_rng(5).standard_normal((1, T, K)).astype(np.float32) * 2
     np.save(tmp_path / "x.npy", x)
     want = ort.InferenceSession(str(lstm_model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    scale = max(1.0, float(np.abs(want).max()))
+    fp32, backend = _build(lstm_model, tmp_path / "fp32", "--fp32")
+    assert backend["precision"] == "fp32"
+    exact = {}
     for cpu in CPUS:
-        run = subprocess.run(command_for_cpu(art, cpu) + ["run", "--input", f"x={tmp_path / 'x.npy'}",
-                                                          "--output", str(tmp_path / cpu)],
-                             capture_output=True, text=True, timeout=900, env=dict(os.environ))
-        assert run.returncode == 0, f"{cpu}: {run.stderr}"
-        got = np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
+        exact[cpu] = _run(fp32, cpu, tmp_path / "x.npy", tmp_path / f"fp32-{cpu}")
         # fp32 throughout: only the order of additions differs from onnxruntime's
-        err = float(np.abs(got - want).max())
-        assert err <= 1e-4 * max(1.0, float(np.abs(want).max())), (cpu, err)
+        err = float(np.abs(exact[cpu] - want).max())
+        assert err <= 1e-4 * scale, (cpu, err)
+
+    # fp16 storage keeps W_hc in fp16 where the LSTM code that runs has F16C: the AVX-512 build of the
+    # layer (native here) and the AVX build's hand-over to lstm_fma (Haswell); Nehalem has neither. The
+    # fp32 artifact's weights are exact fp32, so switching fp16 storage on at run time shows where the
+    # fp16 copy is used (an fp16-storage build stores fp16-rounded weights: the copy would be exact).
+    for cpu in CPUS:
+        got = _run(fp32, cpu, tmp_path / "x.npy", tmp_path / f"fp16-{cpu}", "fp16=1")
+        moved = float(np.abs(got - exact[cpu]).max())
+        if cpu == "Nehalem":
+            assert moved == 0.0, (cpu, moved)
+        else:
+            assert 1e-7 * scale < moved <= 2e-3 * scale, (cpu, moved)
+            assert float(np.abs(got - want).max()) <= 2e-3 * scale, cpu
+
+    # the default build (fp16 allowed) keeps fp16 storage and agrees with onnxruntime everywhere
+    fp16, backend = _build(lstm_model, tmp_path / "fp16")
+    assert backend["precision"] == "fp16-storage", backend
+    for cpu in CPUS:
+        got = _run(fp16, cpu, tmp_path / "x.npy", tmp_path / f"default-{cpu}")
+        assert float(np.abs(got - want).max()) <= 2e-3 * scale, cpu
 
 
 def test_lstm_patch_is_in_the_x86_library_only():

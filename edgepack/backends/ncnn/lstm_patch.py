@@ -1,19 +1,23 @@
-"""A speed change to the pinned ncnn's x86 LSTM (src/layer/x86/lstm_fp32.h): the input products
-W_xc x_t + b_c of every time step are computed in one pass before the recurrence.
+"""Two speed changes to the pinned ncnn's x86 LSTM (src/layer/x86/lstm_fp32.h, lstm_x86.cpp).
 
-Why: ncnn's x86 LSTM computes, at each step, W_xc x_t and W_hc h_{t-1} together, so it streams both
-weight matrices from memory at every step. ddddocr_crnn's bidirectional LSTM (512 in, 512 hidden,
-20 steps) reads 2 x 20 x 8 MiB that way: 12.7 ms of its 22.5 ms on one core of the AVX-512 Xeon
-(2026-12-01), where onnxruntime, which batches the input product over the sequence, takes 6.8 ms
-for the same layer. Only the recurrent product depends on the previous step. The pass here walks
-the weights unit by unit (a pair of hidden units holds 16 KiB of W_xc: it stays in L1 while four
-time steps at a time are multiplied against it), so W_xc is read once per inference; each step then
-starts from its precomputed row and streams only W_hc.
+1. The input products W_xc x_t + b_c of every time step are computed in one pass before the
+   recurrence. ncnn computes W_xc x_t and W_hc h_{t-1} together at each step, so it streams both
+   weight matrices from memory at every step: ddddocr_crnn's bidirectional LSTM (512 in, 512 hidden,
+   20 steps) read 2 x 20 x 8 MiB that way, 12.7 ms of its 22.5 ms on one core of the AVX-512 Xeon
+   (2026-12-01), where onnxruntime, which batches the input product over the sequence, takes 6.8 ms
+   for the layer. The pass walks the weights unit by unit (a pair of hidden units holds 16 KiB of
+   W_xc: it stays in L1 while four time steps at a time are multiplied against it), so W_xc is read
+   once per inference; each step starts from its precomputed row and streams only W_hc.
+2. Under fp16 storage, W_hc is kept in fp16 (converted with F16C as it is read), which halves what
+   every step streams. Only where the lstm() that runs was compiled with F16C: the AVX-512 build of
+   the layer, and the AVX build's hand-over to lstm_fma (FMA CPUs); SSE-only CPUs keep fp32. An
+   fp16-storage build already stores fp16-rounded weights, so the fp16 copy adds no error there.
 
-Same arithmetic per gate; only the order of the fp32 additions changes (the build verifies the
-result against onnxruntime as before). Applied as exact text edits that must each match, like
+ddddocr_crnn, 1 thread: 22.3 -> 16.3 (1) -> 11.5 ms (1+2) against onnxruntime's 13.5 ms. Same
+arithmetic per gate otherwise; only the order of the fp32 additions changes (the build verifies
+against onnxruntime as before). Applied as exact text edits that must each match, like
 source_patch.py: a new ncnn pin whose LSTM changed fails the libncnn build with a clear error.
-Only x86 builds compile this file, so only their cache key carries LSTM_PATCH_VERSION.
+Only x86 builds compile these files, so only their cache key carries LSTM_PATCH_VERSION.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from ...errors import BuildError
 
-LSTM_PATCH_VERSION = 1  # part of the x86 libncnn cache key (library.py)
+LSTM_PATCH_VERSION = 2  # part of the x86 libncnn cache key (library.py); 2: fp16 W_hc under fp16 storage
 
 _HELPER = r'''// edgepack: W_xc x_t + b_c for every step t, before the recurrence (lstm_patch.py).
 // xgates row t holds the gates of unit q at q * 4 (I F O G), the order the step loop wants.
@@ -128,13 +132,66 @@ _SCALAR_INIT = ("            float I = bias_c_IFOG[0];\n            float F = bi
                 "            float O = bias_c_IFOG[2];\n            float G = bias_c_IFOG[3];\n")
 _STEP_ROW = "            const float* x = bottom_blob.row(ti);\n\n            int i = 0;\n"
 
+_HC_FLAG = r'''#if __F16C__
+    const bool hc_fp16 = weight_hc.elemsize / weight_hc.elempack == 2u; // edgepack: fp16 W_hc (lstm_patch.py)
+#else
+    if (weight_hc.elemsize / weight_hc.elempack == 2u)
+        return -1; // fp16 W_hc is only packed for code built with F16C
+#endif
+'''
+
+# the recurrent product of a pair of units (8 lanes) from fp16 weights; leaves i == num_output, so the
+# fp32 loops after it do nothing
+_HC_PAIR_OLD = ("            const float* hidden_ptr = hidden_state;\n\n            i = 0;\n"
+                "            for (; i + 3 < num_output; i += 4)\n            {\n"
+                "                __m256 _h_cont0 = _mm256_broadcast_ss(hidden_ptr);\n")
+_HC_PAIR_FP16 = r'''#if __F16C__
+            if (hc_fp16)
+            {
+                const unsigned short* w16 = weight_hc.row<const unsigned short>(q / 2);
+                for (; i + 3 < num_output; i += 4)
+                {
+                    _IFOG = _mm256_comp_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)w16)), _mm256_broadcast_ss(hidden_ptr), _IFOG);
+                    _sum1 = _mm256_comp_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w16 + 8))), _mm256_broadcast_ss(hidden_ptr + 1), _sum1);
+                    _sum2 = _mm256_comp_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w16 + 16))), _mm256_broadcast_ss(hidden_ptr + 2), _sum2);
+                    _sum3 = _mm256_comp_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w16 + 24))), _mm256_broadcast_ss(hidden_ptr + 3), _sum3);
+                    hidden_ptr += 4;
+                    w16 += 32;
+                }
+                for (; i < num_output; i++)
+                {
+                    _IFOG = _mm256_comp_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)w16)), _mm256_broadcast_ss(hidden_ptr), _IFOG);
+                    hidden_ptr += 1;
+                    w16 += 8;
+                }
+            }
+#endif
+'''
+# the same for the unit left over (4 lanes; with F16C the 8-lane layout's row q / 2 + q % 2)
+_HC_ONE_OLD = ("            const float* hidden_ptr = hidden_state;\n\n            i = 0;\n#if __SSE2__\n"
+               "            for (; i + 3 < num_output; i += 4)\n")
+_HC_ONE_FP16 = r'''#if __F16C__
+            if (hc_fp16)
+            {
+                const unsigned short* w16 = weight_hc.row<const unsigned short>(q / 2 + q % 2);
+                for (; i < num_output; i++)
+                {
+                    _IFOG = _mm_comp_fmadd_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)w16)), _mm_load1_ps(hidden_ptr), _IFOG);
+                    hidden_ptr += 1;
+                    w16 += 4;
+                }
+            }
+#endif
+'''
+_AT_I0 = "            i = 0;\n"
+
 # (what, old text, new text, how many times it must occur)
 _EDITS = (
     ("the input-gates helper", _SIGNATURE, _HELPER + _SIGNATURE, 1),
     ("the gates workspace", _GATES,
      _GATES + "\n    Mat xgates(hidden_size * 4, T, 4u, opt.workspace_allocator);\n"
               "    if (xgates.empty())\n        return -100;\n"
-              "    ep_lstm_input_gates(bottom_blob, weight_xc, bias_c, xgates, hidden_size, opt);\n", 1),
+              "    ep_lstm_input_gates(bottom_blob, weight_xc, bias_c, xgates, hidden_size, opt);\n" + _HC_FLAG, 1),
     ("the 8-lane step's bias load", "            __m256 _IFOG = _mm256_loadu_ps(bias_c_IFOG);\n",
      "            __m256 _IFOG = _mm256_loadu_ps(xgates.row(ti) + q * 4);\n", 1),
     ("the 4-lane step's bias load", "            __m128 _IFOG = _mm_loadu_ps(bias_c_IFOG);\n",
@@ -143,16 +200,49 @@ _EDITS = (
     ("the step's input product", _STEP_ROW,
      _STEP_ROW.replace("int i = 0;", "int i = size; // edgepack: W_xc x_t + b_c are in xgates already"), 2),
     ("the step's bias pointer", "            const float* bias_c_IFOG = (const float*)bias_c + q * 4;\n", "", 2),
+    ("the 8-lane recurrent product", _HC_PAIR_OLD, _HC_PAIR_OLD.replace(_AT_I0, _AT_I0 + _HC_PAIR_FP16), 1),
+    ("the 4-lane recurrent product", _HC_ONE_OLD, _HC_ONE_OLD.replace(_AT_I0, _AT_I0 + _HC_ONE_FP16), 1),
 )
+
+# create_pipeline (lstm_x86.cpp): W_hc to fp16 under fp16 storage, when the lstm() that will run it was
+# compiled with F16C: this layer's own build (the AVX-512 one), or the AVX build's hand-over to lstm_fma
+_PIPELINE_END = ("    if (opt.lightmode)\n    {\n        weight_xc_data.release();\n        bias_c_data.release();\n"
+                 "        weight_hc_data.release();\n    }\n")
+_HC_TO_FP16 = r'''    // edgepack (lstm_patch.py): fp16 W_hc halves what every step streams from memory
+#if __F16C__
+    const bool ep_hc_fp16 = opt.use_fp16_storage;
+#elif __AVX__ && NCNN_RUNTIME_CPU && NCNN_FMA && !__FMA__ && !__FMA4__
+    const bool ep_hc_fp16 = opt.use_fp16_storage && cpu_support_x86_fma() && cpu_support_x86_f16c();
+#else
+    const bool ep_hc_fp16 = false;
+#endif
+    if (ep_hc_fp16)
+    {
+        Option opt_cast = opt;
+        opt_cast.blob_allocator = 0;
+        Mat hc16;
+        cast_float32_to_float16(weight_hc_data_packed, hc16, opt_cast);
+        if (hc16.empty())
+            return -100;
+        weight_hc_data_packed = hc16;
+    }
+
+'''
+PIPELINE_FILE = Path("src") / "layer" / "x86" / "lstm_x86.cpp"
+_PIPELINE_EDITS = (("the end of create_pipeline", _PIPELINE_END, _HC_TO_FP16 + _PIPELINE_END, 1),)
 
 LSTM_FILE = Path("src") / "layer" / "x86" / "lstm_fp32.h"
 
 
 def patch_lstm(src: Path) -> None:
     """Apply the edits to an unpacked ncnn source tree, in place."""
-    path = src / LSTM_FILE
+    _apply(src / LSTM_FILE, _EDITS)
+    _apply(src / PIPELINE_FILE, _PIPELINE_EDITS)
+
+
+def _apply(path: Path, edits) -> None:
     text = path.read_text()
-    for what, old, new, count in _EDITS:
+    for what, old, new, count in edits:
         found = text.count(old)
         if found != count:
             raise BuildError(f"{path}: expected {count} copy(ies) of {what} to patch, found {found}",
