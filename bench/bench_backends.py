@@ -28,6 +28,7 @@ from models import mobilenet_v2_like, transformer_block  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ncnn import ort_median_ms  # noqa: E402  (one onnxruntime timing for every bench)
+from corpus import artifact_median  # noqa: E402  (one artifact timing for every bench)
 
 BASE_TARGET = (REPO / "targets" / "x86_64.toml").read_text().replace('name = "x86_64"', 'name = "x86_64-base"')
 
@@ -46,12 +47,6 @@ def build(model: Path, out: Path, target: str, backend: str, tdir: Path, *extra:
     seconds = time.monotonic() - t0
     res = json.loads(proc.stdout)["results"][0]
     return Path(res["file"]), seconds, res
-
-
-def artifact_median(path: Path, threads: int, runs: int, env: dict | None = None) -> float:
-    proc = subprocess.run([str(path), "bench", "--runs", str(runs), "--warmup", "5", "--threads", str(threads),
-                           "--json"], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
-    return json.loads(proc.stdout)["median_ms"]
 
 
 def main() -> None:
@@ -104,7 +99,7 @@ def main() -> None:
             rounds: dict[str, list[float]] = {k: [] for k in [*engines, "onnxruntime"]}
             for _ in range(args.rounds):
                 for label, (path, env) in engines.items():
-                    rounds[label].append(artifact_median(path, t, args.runs, env))
+                    rounds[label].append(artifact_median(path, args.runs, {**os.environ, **(env or {})}, threads=t, warmup=5))
                 rounds["onnxruntime"].append(ort_median_ms(model, t, args.runs))
             best = {k: round(min(v), 3) for k, v in rounds.items()}
             report["models"][name]["latency_ms"][str(t)] = best
