@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...errors import BuildError
+from .source_patch import apply_edits
 
 LSTM_PATCH_VERSION = 2  # part of the x86 libncnn cache key (library.py); 2: fp16 W_hc under fp16 storage
 
@@ -236,16 +236,5 @@ LSTM_FILE = Path("src") / "layer" / "x86" / "lstm_fp32.h"
 
 def patch_lstm(src: Path) -> None:
     """Apply the edits to an unpacked ncnn source tree, in place."""
-    _apply(src / LSTM_FILE, _EDITS)
-    _apply(src / PIPELINE_FILE, _PIPELINE_EDITS)
-
-
-def _apply(path: Path, edits) -> None:
-    text = path.read_text()
-    for what, old, new, count in edits:
-        found = text.count(old)
-        if found != count:
-            raise BuildError(f"{path}: expected {count} copy(ies) of {what} to patch, found {found}",
-                             hint="the pinned ncnn source changed: update edgepack/backends/ncnn/lstm_patch.py")
-        text = text.replace(old, new)
-    path.write_text(text)
+    apply_edits(src / LSTM_FILE, _EDITS, "lstm_patch.py")
+    apply_edits(src / PIPELINE_FILE, _PIPELINE_EDITS, "lstm_patch.py")

@@ -113,12 +113,16 @@ _EDITS = (
 
 def patch_source(src: Path) -> None:
     """Apply the edits to an unpacked ncnn source tree (src/simpleomp.cpp), in place."""
-    path = src / "src" / "simpleomp.cpp"
+    apply_edits(src / "src" / "simpleomp.cpp", _EDITS, "source_patch.py")
+
+
+def apply_edits(path: Path, edits, module: str) -> None:
+    """Each (what, old, new, count) edit: ``old`` must occur exactly ``count`` times, else nothing is built."""
     text = path.read_text()
-    for what, old, new, count in _EDITS:
+    for what, old, new, count in edits:
         found = text.count(old)
         if found != count:
             raise BuildError(f"{path}: expected {count} copy(ies) of {what} to patch, found {found}",
-                             hint="the pinned ncnn source changed: update edgepack/backends/ncnn/source_patch.py")
+                             hint=f"the pinned ncnn source changed: update edgepack/backends/ncnn/{module}")
         text = text.replace(old, new)
     path.write_text(text)

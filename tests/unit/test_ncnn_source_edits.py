@@ -1,0 +1,35 @@
+"""The exact-text edits edgepack makes to the pinned ncnn source refuse a source they do not fit."""
+from __future__ import annotations
+
+import pytest
+
+from edgepack.backends.ncnn.lstm_patch import _EDITS as LSTM_EDITS
+from edgepack.backends.ncnn.source_patch import apply_edits
+from edgepack.errors import BuildError
+
+
+def test_edit_applies_when_the_text_occurs_as_often_as_expected(tmp_path):
+    f = tmp_path / "a.cpp"
+    f.write_text("x = 1;\ny = 1;\n")
+    apply_edits(f, (("the ones", " = 1;", " = 2;", 2),), "some_patch.py")
+    assert f.read_text() == "x = 2;\ny = 2;\n"
+
+
+@pytest.mark.parametrize("text", ["x = 1;\n", "x = 1;\ny = 1;\nz = 1;\n"])
+def test_edit_refuses_a_changed_source_and_leaves_it_alone(tmp_path, text):
+    f = tmp_path / "a.cpp"
+    f.write_text(text)
+    with pytest.raises(BuildError) as exc:
+        apply_edits(f, (("the ones", " = 1;", " = 2;", 2),), "some_patch.py")
+    assert "expected 2 copy(ies) of the ones" in exc.value.message and str(f) in exc.value.message
+    assert "update edgepack/backends/ncnn/some_patch.py" in exc.value.hint
+    assert f.read_text() == text
+
+
+def test_lstm_edits_replace_every_bias_load_of_the_step_loop():
+    # each step must start from the precomputed input gates: no step may still load the bias itself
+    new_text = "".join(new for _, _, new, _ in LSTM_EDITS)
+    assert "_mm256_loadu_ps(bias_c_IFOG)" not in new_text and "_mm_loadu_ps(bias_c_IFOG)" not in new_text
+    olds = [old for _, old, _, _ in LSTM_EDITS]
+    assert "            __m256 _IFOG = _mm256_loadu_ps(bias_c_IFOG);\n" in olds
+    assert "            __m128 _IFOG = _mm_loadu_ps(bias_c_IFOG);\n" in olds
