@@ -99,22 +99,16 @@ def test_patched_lstm_matches_onnxruntime_on_every_x86_cpu(lstm_model, tmp_path)
         assert float(np.abs(got - want).max()) <= 2e-3 * scale, cpu
 
 
-def test_lstm_patch_is_in_the_x86_library_only():
-    from edgepack.backends.ncnn.library import build_library, library_key
+def test_lstm_patch_is_in_the_x86_library_only(monkeypatch):
+    from edgepack.backends.ncnn import library
     from edgepack.backends.ncnn.lstm_patch import LSTM_FILE
     from edgepack.targets import TargetMatrix
     from edgepack.toolchains import Toolchain
     matrix, tc = TargetMatrix.load(), Toolchain.load()
-    lib = build_library(matrix.get("x86_64"), tc)
+    lib = library.build_library(matrix.get("x86_64"), tc)
     assert "ep_lstm_input_gates(bottom_blob, weight_xc" in (lib.root / "src" / LSTM_FILE).read_text()
     # the arm64 library does not compile that file: its cache key does not change with the patch
-    from edgepack.backends.ncnn import lstm_patch
-    key_before, _ = library_key(matrix.get("arm64"), tc)
-    old = lstm_patch.LSTM_PATCH_VERSION
-    try:
-        import edgepack.backends.ncnn.library as library
-        library.LSTM_PATCH_VERSION = old + 1
-        assert library_key(matrix.get("arm64"), tc)[0] == key_before
-        assert library_key(matrix.get("x86_64"), tc)[0] != lib.key
-    finally:
-        library.LSTM_PATCH_VERSION = old
+    arm_key, _ = library.library_key(matrix.get("arm64"), tc)
+    monkeypatch.setattr(library, "LSTM_PATCH_VERSION", library.LSTM_PATCH_VERSION + 1)
+    assert library.library_key(matrix.get("arm64"), tc)[0] == arm_key
+    assert library.library_key(matrix.get("x86_64"), tc)[0] != lib.key

@@ -29,6 +29,13 @@ from .source_patch import PATCH_VERSION, patch_source
 
 RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
+
+def _arch_patches(target: Target) -> tuple:
+    """(cache-key name, version, apply) of the source patches only this arch compiles: one list for
+    the key and the build, so they cannot disagree."""
+    return (("lstm_patch", LSTM_PATCH_VERSION, patch_lstm),) if target.arch == "x86_64" else ()
+
+
 BASE_OPTIONS = {
     "CMAKE_BUILD_TYPE": "Release",
     "NCNN_VULKAN": "OFF", "NCNN_BUILD_TOOLS": "OFF", "NCNN_BUILD_EXAMPLES": "OFF",
@@ -149,8 +156,7 @@ def library_key(target: Target, toolchain: Toolchain) -> tuple[str, dict]:
     recipe = {"sdist": NCNN_SDIST.sha256, "zig": toolchain.version, "triple": target.triple.zig,
               "cpu": generic_cpu(target), "options": opts, "wrapper": WRAPPER_VERSION,
               "recipe": RECIPE_VERSION, "source_patch": PATCH_VERSION}
-    if target.arch == "x86_64":  # only x86 builds compile the patched LSTM file
-        recipe["lstm_patch"] = LSTM_PATCH_VERSION
+    recipe.update({name: version for name, version, _ in _arch_patches(target)})
     key = key_of(recipe)
     return key, opts
 
@@ -180,8 +186,8 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
         top.rename(root / "src")
         shutil.rmtree(root / "extract")
         patch_source(root / "src")
-        if target.arch == "x86_64":
-            patch_lstm(root / "src")
+        for _, _, apply in _arch_patches(target):
+            apply(root / "src")
         wrappers = toolchain.write_wrappers(root / "toolchain", target, generic_cpu(target), march_flags(root / "src"))
         _toolchain_file(root / "toolchain.cmake", target, wrappers)
         flags = f"-ffile-prefix-map={root}=/ncnn -ffunction-sections -fdata-sections -g0"
