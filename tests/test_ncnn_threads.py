@@ -6,7 +6,9 @@ order there would let a region return before a worker's writes land. A stress pr
 against the real libncnn.a runs many short parallel regions whose slower half belongs to the workers
 and checks every slot after every region: spinning (ncnn's 20 ms block time) and passive (0), 2 to 4
 threads (more than this machine's cores: queued, not lost), natively on x86_64 and under
-qemu-aarch64 for arm64. Speed is bench/bench_threads.py's job."""
+qemu-aarch64 for arm64. Speed is bench/bench_threads.py's job; one test here checks the spin policy
+by what it decides (whether threads sleep), not by time: imbalanced regions on an idle machine must
+not switch spinning off for the regions after them."""
 from __future__ import annotations
 
 import subprocess
@@ -60,6 +62,69 @@ int main(int argc, char **argv) {
 """
 
 
+IMBALANCE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
+
+extern "C" void kmp_set_blocktime(int);
+
+static long now_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static long sleeps() {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_nvcsw;
+}
+
+// how long this thread has waited for a core, ns (the run-queue wait in schedstat)
+static long runqueue_wait() {
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    unsigned long long run = 0, wait = 0;
+    if (!f || fscanf(f, "%llu %llu", &run, &wait) != 2) { printf("no schedstat\n"); exit(3); }
+    fclose(f);
+    return (long)wait;
+}
+
+static volatile long sink;
+
+static void busy_for(long ns) { long end = now_ns() + ns; while (now_ns() < end) sink++; }
+
+// Per attempt: 100 badly imbalanced regions (one side runs 1 ms, alternately the caller's and the
+// worker's, then 0.5 ms of serial work: every spin on either side times out), then 1000 regions where
+// one side (alternately) runs 50 us longer, well inside the spin cap, whose sleeps are counted.
+// Printed per attempt: how long the calling thread waited for a core during it and its length (ms),
+// and the sleeps (voluntary context switches) during the second kind of regions.
+int main() {
+    kmp_set_blocktime(20);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        long waited = runqueue_wait(), t0 = now_ns();
+        for (int r = 0; r < 100; r++) {
+#pragma omp parallel for num_threads(2) schedule(static)
+            for (int i = 0; i < 2; i++) {
+                if (i == r % 2) busy_for(1000000L);
+            }
+            busy_for(500000L);
+        }
+        long slept = sleeps();
+        for (int r = 0; r < 1000; r++) {
+#pragma omp parallel for num_threads(2) schedule(static)
+            for (int i = 0; i < 2; i++) busy_for(i == r % 2 ? 70000L : 20000L);
+        }
+        slept = sleeps() - slept;
+        printf("%ld %ld %ld\n", (runqueue_wait() - waited) / 1000000L, (now_ns() - t0) / 1000000L, slept);
+        fflush(stdout);
+    }
+    return 0;
+}
+"""
+
+
 def test_the_built_libncnn_carries_the_patch():
     target = TargetMatrix.load().get("x86_64")
     lib = build_library(target, Toolchain.load())
@@ -81,3 +146,26 @@ def test_parallel_regions_hand_off_exactly(name, tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == f"ok: {int(regions) * 6} regions checked", proc.stdout
+
+
+def test_imbalanced_regions_do_not_switch_spinning_off_on_an_idle_machine(tmp_path):
+    """Version 2 of the patch halved the spin on every timeout, so a run of imbalanced regions (YOLOX's
+    Focus on 2 threads) left it at none on an idle machine and every later region slept (ddddocr_det:
+    2 threads no faster than 1). Now only a thread that waits for a core halves it. Attempts during which
+    the caller waited for a core (the machine was not idle) do not count; in every undisturbed one the
+    regions after the imbalanced ones must almost never sleep (2026-12-01, idle 2-core x86_64:
+    version 2 slept ~1440 times in those 1000 regions, version 3 0-2 times)."""
+    target, tc = TargetMatrix.load().get("x86_64"), Toolchain.load()
+    lib = build_library(target, tc)
+    src = tmp_path / "imbalance.cpp"
+    src.write_text(IMBALANCE)
+    obj = tc.compile(src, tmp_path / "imbalance.o", target, cxx=True, extra=["-O2", "-fopenmp"])
+    exe = tc.link([obj, lib.lib], tmp_path / "imbalance", target)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    attempts = [tuple(map(int, line.split())) for line in proc.stdout.split("\n") if line.strip()]
+    assert len(attempts) == 5, proc.stdout
+    # idle: waited for a core under 1/16 of the time (the patch calls a thread busy above 1/8)
+    quiet = [slept for waited_ms, ms, slept in attempts if waited_ms * 16 < ms]
+    assert quiet, f"the machine was busy in every attempt (ms waited for a core, ms, sleeps): {attempts}"
+    assert all(slept < 200 for slept in quiet), f"balanced regions slept after imbalanced ones: {attempts}"

@@ -33,3 +33,13 @@ def test_lstm_edits_replace_every_bias_load_of_the_step_loop():
     olds = [old for _, old, _, _ in LSTM_EDITS]
     assert "            __m256 _IFOG = _mm256_loadu_ps(bias_c_IFOG);\n" in olds
     assert "            __m128 _IFOG = _mm_loadu_ps(bias_c_IFOG);\n" in olds
+
+
+def test_the_cache_key_follows_the_text_of_the_edits_not_only_their_version():
+    # a patch edited without a version bump once reused the library built from the old text
+    from edgepack.backends.ncnn.source_patch import _EDITS, PATCH_KEY, PATCH_VERSION, edits_digest
+    assert PATCH_KEY == f"{PATCH_VERSION}-{edits_digest(_EDITS)}"
+    what, old, new, count = _EDITS[0]
+    changed = ((what, old, new.replace("200000L", "100000L"), count),) + tuple(_EDITS[1:])
+    assert new != changed[0][2] and edits_digest(changed) != edits_digest(_EDITS)
+    assert edits_digest(_EDITS, LSTM_EDITS) != edits_digest(_EDITS)

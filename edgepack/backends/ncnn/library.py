@@ -24,16 +24,16 @@ from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
-from .lstm_patch import LSTM_PATCH_VERSION, patch_lstm
-from .source_patch import PATCH_VERSION, patch_source
+from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
+from .source_patch import PATCH_KEY, patch_source
 
 RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
 
 def _arch_patches(target: Target) -> tuple:
-    """(cache-key name, version, apply) of the source patches only this arch compiles: one list for
+    """(cache-key name, version-digest, apply) of the source patches only this arch compiles: one list for
     the key and the build, so they cannot disagree."""
-    return (("lstm_patch", LSTM_PATCH_VERSION, patch_lstm),) if target.arch == "x86_64" else ()
+    return (("lstm_patch", LSTM_PATCH_KEY, patch_lstm),) if target.arch == "x86_64" else ()
 
 
 BASE_OPTIONS = {
@@ -155,8 +155,8 @@ def library_key(target: Target, toolchain: Toolchain) -> tuple[str, dict]:
     opts = library_options(target)
     recipe = {"sdist": NCNN_SDIST.sha256, "zig": toolchain.version, "triple": target.triple.zig,
               "cpu": generic_cpu(target), "options": opts, "wrapper": WRAPPER_VERSION,
-              "recipe": RECIPE_VERSION, "source_patch": PATCH_VERSION}
-    recipe.update({name: version for name, version, _ in _arch_patches(target)})
+              "recipe": RECIPE_VERSION, "source_patch": PATCH_KEY}
+    recipe.update({name: patch_key for name, patch_key, _ in _arch_patches(target)})
     key = key_of(recipe)
     return key, opts
 

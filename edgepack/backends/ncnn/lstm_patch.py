@@ -17,13 +17,13 @@ ddddocr_crnn, 1 thread: 22.3 -> 16.3 (1) -> 11.5 ms (1+2) against onnxruntime's 
 arithmetic per gate otherwise; only the order of the fp32 additions changes (the build verifies
 against onnxruntime as before). Applied as exact text edits that must each match, like
 source_patch.py: a new ncnn pin whose LSTM changed fails the libncnn build with a clear error.
-Only x86 builds compile these files, so only their cache key carries LSTM_PATCH_VERSION.
+Only x86 builds compile these files, so only their cache key carries LSTM_PATCH_KEY.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .source_patch import apply_edits
+from .source_patch import apply_edits, edits_digest
 
 LSTM_PATCH_VERSION = 2  # part of the x86 libncnn cache key (library.py); 2: fp16 W_hc under fp16 storage
 
@@ -232,6 +232,9 @@ PIPELINE_FILE = Path("src") / "layer" / "x86" / "lstm_x86.cpp"
 _PIPELINE_EDITS = (("the end of create_pipeline", _PIPELINE_END, _HC_TO_FP16 + _PIPELINE_END, 1),)
 
 LSTM_FILE = Path("src") / "layer" / "x86" / "lstm_fp32.h"
+
+
+LSTM_PATCH_KEY = f"{LSTM_PATCH_VERSION}-{edits_digest(_EDITS, _PIPELINE_EDITS)}"
 
 
 def patch_lstm(src: Path) -> None:
