@@ -9,11 +9,17 @@ column alike; the best round's median is printed per thread count, with each art
 onnxruntime and its speed-up from 1 thread. Written for ncnn's OpenMP emulation (simpleomp), whose
 condition-variable hand-offs made 2 threads slower than 1 (edgepack/backends/ncnn/source_patch.py):
 label an artifact built before and one after a change, and compare.
+
+`--busy N` starts N busy-loop processes first and stops them at the end (always): the oversubscribed
+case the spin policy must not stall in (three on a 2-core machine: more runnable threads than cores).
+Under load the best round says little, so every round's median is printed as a range too.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,12 +37,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--busy", type=int, default=0, metavar="N", help="N busy-loop processes run meanwhile")
     a = ap.parse_args(argv)
+    with busy_processes(a.busy):
+        return _measure(a)
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """n processes spinning on a core each until the block ends (killed even when it raises)."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(timeout=10)
+
+
+def _measure(a) -> int:
     from edgepack.model import fix_input_shapes, load_model, parse_shape_args
     from edgepack.reference import random_inputs
     arts = dict(s.split("=", 1) for s in a.artifacts)
     feeds = random_inputs(fix_input_shapes(load_model(a.model), parse_shape_args(a.shape)).inputs, seed=0)
-    report: dict = {"model": str(a.model), "runs": a.runs, "rounds": a.rounds, "ms": {}}
+    report: dict = {"model": str(a.model), "runs": a.runs, "rounds": a.rounds, "busy": a.busy, "ms": {},
+                    "round_medians_ms": {}}
     for t in (int(x) for x in a.threads.split(",")):
         sess = ort_session(a.model, t)
         got: dict[str, list[float]] = {k: [] for k in [*arts, "onnxruntime"]}
@@ -46,10 +74,14 @@ def main(argv: list[str] | None = None) -> int:
             got["onnxruntime"].append(ort_median(sess, feeds, a.runs))
         best = {k: round(min(v), 3) for k, v in got.items()}
         report["ms"][str(t)] = best
+        report["round_medians_ms"][str(t)] = {k: [round(x, 3) for x in v] for k, v in got.items()}
         one = report["ms"].get("1", {})
         print(f"{a.model.stem}, {t} thread(s): " + ", ".join(
             f"{k} {v:.2f} ms" + (f" ({v / best['onnxruntime']:.2f}x ort" + (f", {one[k] / v:.2f}x its 1-thread" if k in one and t > 1 else "") + ")" if k != "onnxruntime" else "")
             for k, v in best.items()), flush=True)
+        if a.busy:
+            print(f"  with {a.busy} busy processes, medians per round: " + ", ".join(
+                f"{k} {min(v):.2f}-{max(v):.2f} ms" for k, v in got.items()), flush=True)
     if a.json:
         a.json.write_text(json.dumps(report, indent=1))
     return 0
