@@ -20,7 +20,7 @@ import tvm  # noqa: E402  (installed in CI: a missing one fails, never skips)
 
 from edgepack.backends.tvm import tuning
 from edgepack.backends.tvm.compile import fuse, import_onnx, import_tvm
-from edgepack.backends.tvm.tuning_defaults import timed_records
+from edgepack.backends.tvm.tuning_defaults import default_traces, timed_records
 from edgepack.model import load_model
 from edgepack.targets import TargetMatrix
 
@@ -76,7 +76,10 @@ def test_a_slower_record_never_replaces_the_default_schedule(tmp_path, monkeypat
     shutil.copytree(db_dir, slow_only)
 
     res = tuning.tune(model, target, trials=1, out_dir=db_dir, workers=1, log=lambda *_: None)
-    assert res.defaults_kept == res.tasks, res
+    # not `defaults_kept == tasks`: the one searched candidate may legitimately time faster than the
+    # default on so small a kernel (it did once in CI-like runs); what must hold is below: the default
+    # is in the database and the slow record ranks below it
+    assert res.tasks >= 1, res
     # the default (what a build without a database runs) against the same model with the database
     # tune extended, and with the slow record alone (the control: a build without the fix)
     with_slow = tuning._measure_ms(model, fused, tvm_target, slow_only)
@@ -85,6 +88,11 @@ def test_a_slower_record_never_replaces_the_default_schedule(tmp_path, monkeypat
     assert res.ms_after < 1.5 * res.ms_before, (res.ms_after, res.ms_before)
     # the database itself ranks the default first, for every build that reads it
     database = ms.database.JSONDatabase(work_dir=str(db_dir), module_equality="structural")
+    defaults = {str(sch.trace) for sch in default_traces(tasks, tvm_target).values()}
     for t in tasks:
         top = database.get_top_k(database.commit_workload(t.dispatched[0]), 8)
         assert len(top) >= 2 and str(top[0].trace) != str(slow_schedule(t.dispatched[0]).trace)
+        ranked = [str(r.trace) for r in top]
+        assert any(tr in defaults for tr in ranked), "the default schedule was not committed"
+        first_default = next(i for i, tr in enumerate(ranked) if tr in defaults)
+        assert first_default < ranked.index(str(slow_schedule(t.dispatched[0]).trace))
