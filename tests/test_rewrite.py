@@ -91,6 +91,26 @@ def focus_model(c=3, h=8, w=8) -> onnx.ModelProto:
     return _model(nodes, [("x", [1, c, h, w])], [("y", [1, 8, h // 2, w // 2])], inits)
 
 
+def chained_focus_model(c=3, h=8, w=6, order=((0, 0), (1, 0), (0, 1), (1, 1))) -> onnx.ModelProto:
+    """Focus as torch exports x[..., a::2, b::2]: a Slice on H, then a Slice on W; the Concat feeds two Convs."""
+    rng = np.random.default_rng(1)
+    inits = [("big", np.array([2**62], np.int64)), ("two", np.array([2], np.int64)),
+             ("ax2", np.array([2], np.int64)), ("ax3", np.array([3], np.int64)),
+             ("zero", np.array([0], np.int64)), ("one", np.array([1], np.int64)),
+             ("wa", rng.standard_normal((5, 4 * c, 3, 3)).astype(np.float32)),
+             ("wb", rng.standard_normal((4, 4 * c, 1, 1)).astype(np.float32)), ("bb", np.ones(4, np.float32))]
+    nodes = []
+    for i, (a, b) in enumerate(order):
+        start = {0: "zero", 1: "one"}
+        nodes += [helper.make_node("Slice", ["x", start[a], "big", "ax2", "two"], [f"r{i}"]),
+                  helper.make_node("Slice", [f"r{i}", start[b], "big", "ax3", "two"], [f"p{i}"])]
+    nodes += [helper.make_node("Concat", [f"p{i}" for i in range(4)], ["cat"], axis=1),
+              helper.make_node("Conv", ["cat", "wa"], ["ya"], pads=[1, 1, 1, 1]),
+              helper.make_node("Conv", ["cat", "wb", "bb"], ["yb"])]
+    return _model(nodes, [("x", [1, c, h, w])], [("ya", [1, 5, h // 2, w // 2]), ("yb", [1, 4, h // 2, w // 2])],
+                  inits)
+
+
 def time_major_head_model(t=6, c=8, hidden=5, classes=4) -> onnx.ModelProto:
     """An unrolled-RNN CRNN head: conv features [1,C,1,T] -> [T,1,C] (batch axis second), one Gemm
     cell per time step, steps stacked back to [T,1,H], Reshape [T,H] -> classifier -> [T,1,K]."""
@@ -159,6 +179,44 @@ def streaming_lstm_model(hidden=4, c=6) -> onnx.ModelProto:
 def test_strided_slice_to_conv_is_exact_and_removes_every_strided_slice():
     new, fired = _same_after(rw.strided_slice_to_conv, focus_model())
     assert fired == 4 and "Slice" not in _ops(new) and _ops(new).count("Conv") == 5
+
+
+def _close_after(fn, m: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Like _same_after for rewrites that reorder a Conv's input channels: the sum runs in another
+    order, so outputs agree to rounding, not bit for bit."""
+    new = onnx.ModelProto()
+    new.CopyFrom(m)
+    fired = fn(new)
+    rw.remove_dead_nodes(new)
+    onnx.checker.check_model(new)
+    feeds = _feeds(m)
+    for a, b in zip(_run(m, feeds), _run(new, feeds)):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.abs(a).max()))
+    return new, fired
+
+
+@pytest.mark.parametrize("make", [focus_model, chained_focus_model,
+                                  lambda: chained_focus_model(order=((1, 1), (0, 1), (0, 0), (1, 0)))])
+def test_focus_becomes_one_pixel_unshuffle_and_its_convs_read_the_new_channel_order(make):
+    new, fired = _close_after(rw.focus_to_pixel_unshuffle, make())
+    assert fired == 1
+    assert _ops(new).count("Slice") == 0 and "Concat" not in _ops(new)
+    assert _ops(new)[:3] == ["Reshape", "Transpose", "Reshape"]
+
+
+def test_focus_rewrite_leaves_a_concat_that_is_not_four_distinct_picks():
+    m = chained_focus_model(order=((0, 0), (1, 0), (0, 1), (0, 1)))  # one pixel picked twice
+    new, fired = _same_after(rw.focus_to_pixel_unshuffle, m)
+    assert fired == 0 and "Concat" in _ops(new)
+
+
+def test_focus_rewrite_leaves_a_concat_read_by_something_else_than_a_conv():
+    m = focus_model()
+    m.graph.node.append(helper.make_node("Relu", ["cat"], ["z"]))
+    m.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 12, 4, 4]))
+    new, fired = _same_after(rw.focus_to_pixel_unshuffle, m)
+    assert fired == 0 and "Concat" in _ops(new)
 
 
 def test_strided_slice_to_conv_leaves_slices_whose_size_a_conv_cannot_match():
@@ -277,8 +335,8 @@ def _pnnx_leftovers(m: onnx.ModelProto, tmp_path) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("make", [qkv_model, focus_model, time_major_head_model, crnn_lstm_model,
-                                  streaming_lstm_model])
+@pytest.mark.parametrize("make", [qkv_model, focus_model, chained_focus_model, time_major_head_model,
+                                  crnn_lstm_model, streaming_lstm_model])
 def test_pnnx_leaves_layers_ncnn_lacks_without_the_rewrites_and_none_with_them(make, tmp_path):
     m = make()
     assert _pnnx_leftovers(m, tmp_path / "before"), "pnnx now converts this pattern: the rewrite may be unneeded"
@@ -296,3 +354,17 @@ def test_convert_rewrites_then_checks_against_onnxruntime_on_the_original(tmp_pa
     converted = convert(load_model(tmp_path / "qkv.onnx"), "fp32", log=lambda m: None)
     assert any(r.startswith("slice_of_split_reshape") for r in converted.rewrites)
     assert converted.check_error < 1e-4
+
+
+def test_focus_converts_to_one_reorg_that_agrees_with_onnxruntime(tmp_path):
+    """The Focus rewrite's point: ncnn runs one Reorg instead of four depthwise Convs and a Concat,
+    and pnnx's Reorg order matches the reordered Conv weights (checked by convert on the original)."""
+    from edgepack.backends.ncnn.convert import convert
+    from edgepack.model import load_model
+    onnx.save(chained_focus_model(c=3, h=16, w=12), tmp_path / "focus.onnx")
+    converted = convert(load_model(tmp_path / "focus.onnx"), "fp32", log=lambda m: None)
+    assert any(r.startswith("focus_to_pixel_unshuffle") for r in converted.rewrites)
+    assert "Reorg" in converted.layer_types
+    assert "ConvolutionDepthWise" not in converted.layer_types and "Concat" not in converted.layer_types
+    # outputs reach ~30 (108 products of N(0,1) each); Reorg in the other channel order is off by ~4
+    assert converted.check_error < 1e-3

@@ -3,6 +3,7 @@ the layer types must exist in ncnn, and the converted model (run with the ncnn P
 must agree with onnxruntime, because pnnx silently mis-converts some graphs."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -19,6 +20,7 @@ from ...model import LoadedModel
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
 from .fuse import batch_shared_products
+from . import fuse, rewrite, seq_first
 from .rewrite import VERSION as REWRITE_VERSION
 from .rewrite import rewrite_for_ncnn
 
@@ -93,11 +95,23 @@ def _io_from_pyscript(py: str, n_in: int, n_out: int):
     return in_blobs, in_batch, out_blobs, ob
 
 
+def graph_code_digest() -> str:
+    """A digest of the source of the modules that rewrite the graph before pnnx: part of the conversion
+    cache key next to their version numbers, so an edited rewrite never reuses a conversion made by the
+    old code (an experiment under an unbumped version number once did). A frozen edgepack ships no
+    .py files: there the version numbers alone key it."""
+    h = hashlib.sha256()
+    for module in (rewrite, seq_first, fuse):
+        src = Path(module.__file__)
+        h.update(src.read_bytes() if src.suffix == ".py" and src.is_file() else module.__name__.encode())
+    return h.hexdigest()[:16]
+
+
 def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     import ncnn  # the Python wheel: the converted model's independent check
     blob = model.proto.SerializeToString()
     key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 2,
-                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION})
+                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION, "graph_code": graph_code_digest()})
     root = cache_root() / "ncnn-models" / key
     with locked(cache_root() / "locks" / f"ncnn-model-{key}.lock"):
         meta_path = root / "convert.json"
