@@ -24,6 +24,7 @@ from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
+from .gemm_split_patch import GEMM_SPLIT_PATCH_KEY, patch_gemm_split
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .source_patch import PATCH_KEY, patch_source
 
@@ -33,7 +34,9 @@ RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 def _arch_patches(target: Target) -> tuple:
     """(cache-key name, version-digest, apply) of the source patches only this arch compiles: one list for
     the key and the build, so they cannot disagree."""
-    return (("lstm_patch", LSTM_PATCH_KEY, patch_lstm),) if target.arch == "x86_64" else ()
+    if target.arch != "x86_64":
+        return ()
+    return (("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("gemm_split_patch", GEMM_SPLIT_PATCH_KEY, patch_gemm_split))
 
 
 BASE_OPTIONS = {
