@@ -1,7 +1,8 @@
 """ncnn's x86 convolutions shared between threads by output pixels (edgepack/backends/ncnn/
 gemm_split_patch.py) give onnxruntime's answer on every x86 CPU model the artifact may meet, on 1
 and 2 threads: AVX-512 (native here, N tiles of 16), AVX2 (Haswell, 12) and SSE2 only (Nehalem, 4)
-each run a different copy of the patched loops. The layers reach each path: 1x1 and strided 3x3
+each run a different copy of the patched loops. The layers reach each path: a 3-channel first layer
+into 16 channels (ncnn's direct kernel, one block of 16 cut into row runs), 1x1 and strided 3x3
 products with few output channels and many pixels (split by N; 24 and 48 channels are the uneven
 M tiles), 3x3 stride-1 layers that ncnn runs as Winograd (split, and not split where the tiles are
 fewer than the channels), a 1x1 with more channels than pixels (ncnn's own loop), and pixel counts
@@ -22,14 +23,14 @@ from conftest import run_edgepack
 from edgepack.runner import command_for_cpu
 
 CPUS = ["native", "Haswell-noTSX", "Nehalem"]
-# (out channels, kernel, stride): input 16 x 58 x 50
-LAYERS = [(32, 1, 1), (24, 3, 1), (48, 3, 2), (160, 1, 1), (64, 3, 1), (256, 1, 2), (40, 3, 1)]
+# (out channels, kernel, stride): input 3 x 116 x 100
+LAYERS = [(16, 3, 2), (32, 1, 1), (24, 3, 1), (48, 3, 2), (160, 1, 1), (64, 3, 1), (256, 1, 2), (40, 3, 1)]
 
 
 @pytest.fixture(scope="module")
 def conv_model(tmp_path_factory):
     rng = np.random.default_rng(11)
-    nodes, inits, cin, name, hh, ww = [], [], 16, "x", 58, 50
+    nodes, inits, cin, name, hh, ww = [], [], 3, "x", 116, 100
     for i, (cout, k, s) in enumerate(LAYERS):
         hh, ww = (hh - 1) // s + 1, (ww - 1) // s + 1
         w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
@@ -39,7 +40,7 @@ def conv_model(tmp_path_factory):
                                    strides=[s, s], pads=[k // 2] * 4),
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}" if i < len(LAYERS) - 1 else "y"])]
         cin, name = cout, f"r{i}"
-    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 58, 50])],
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 116, 100])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cin, hh, ww])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -62,7 +63,7 @@ def test_convolutions_split_by_pixels_match_onnxruntime_on_every_x86_cpu(conv_mo
     report = json.loads(proc.stdout) if proc.stdout.strip() else {}
     assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
     art = tmp_path / "out" / "convs-x86_64"
-    x = np.random.default_rng(5).standard_normal((1, 16, 58, 50)).astype(np.float32)
+    x = np.random.default_rng(5).standard_normal((1, 3, 116, 100)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     want = ort.InferenceSession(str(conv_model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     scale = float(np.abs(want).max())
