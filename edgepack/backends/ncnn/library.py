@@ -24,7 +24,7 @@ from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
-from .gemm_split_patch import GEMM_SPLIT_PATCH_KEY, patch_gemm_split
+from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .source_patch import PATCH_KEY, patch_source
 
@@ -36,7 +36,7 @@ def _arch_patches(target: Target) -> tuple:
     the key and the build, so they cannot disagree."""
     if target.arch != "x86_64":
         return ()
-    return (("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("gemm_split_patch", GEMM_SPLIT_PATCH_KEY, patch_gemm_split))
+    return (("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split))
 
 
 BASE_OPTIONS = {
