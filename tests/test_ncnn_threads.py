@@ -124,6 +124,34 @@ int main() {
 }
 """
 
+# 50 regions whose sides differ by 1 ms: every spin times out and asks whether the machine is busy.
+TIMEOUTS = r"""
+#include <stdio.h>
+#include <time.h>
+
+extern "C" void kmp_set_blocktime(int);
+
+static volatile long sink;
+
+static long now_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+int main() {
+    kmp_set_blocktime(20);
+    for (int r = 0; r < 50; r++) {
+#pragma omp parallel for num_threads(2) schedule(static)
+        for (int i = 0; i < 2; i++) {
+            if (i == r % 2) { long end = now_ns() + 1000000L; while (now_ns() < end) sink++; }
+        }
+    }
+    printf("ok\n");
+    return 0;
+}
+"""
+
 
 def test_the_built_libncnn_carries_the_patch():
     target = TargetMatrix.load().get("x86_64")
@@ -169,3 +197,27 @@ def test_imbalanced_regions_do_not_switch_spinning_off_on_an_idle_machine(tmp_pa
     quiet = [slept for waited_ms, ms, slept in attempts if waited_ms * 16 < ms]
     assert quiet, f"the machine was busy in every attempt (ms waited for a core, ms, sleeps): {attempts}"
     assert all(slept < 200 for slept in quiet), f"balanced regions slept after imbalanced ones: {attempts}"
+
+
+def test_an_unreadable_schedstat_is_tried_once_not_at_every_timeout(tmp_path):
+    """Where /proc/thread-self/schedstat cannot be read, every timeout counts as busy; version 3 of the
+    patch also retried the open() at every timeout. Run in a mount namespace whose /proc is a tmpfs
+    holding only cpuinfo, under strace: 50 regions that each time out must open schedstat once per
+    thread at most."""
+    target, tc = TargetMatrix.load().get("x86_64"), Toolchain.load()
+    lib = build_library(target, tc)
+    src = tmp_path / "timeouts.cpp"
+    src.write_text(TIMEOUTS)
+    obj = tc.compile(src, tmp_path / "timeouts.o", target, cxx=True, extra=["-O2", "-fopenmp"])
+    exe = tc.link([obj, lib.lib], tmp_path / "timeouts", target)
+    trace = tmp_path / "openat.txt"
+    # ncnn counts its cores in /proc/cpuinfo: the empty /proc keeps a copy of that file alone
+    script = (f"cp /proc/cpuinfo {tmp_path}/cpuinfo && mount -t tmpfs none /proc && cp {tmp_path}/cpuinfo /proc/ "
+              f"&& exec strace -f -e trace=openat,open -o {trace} {exe}")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+    # one line per call (strace splits concurrent calls into "<unfinished ...>" and "resumed" lines)
+    tries = [line for line in trace.read_text().splitlines() if 'open("/proc/thread-self/schedstat"' in line]
+    assert tries, "no spin timed out: the busy check never ran"
+    assert len(tries) <= 2, f"{len(tries)} opens of schedstat for 50 timed-out regions"

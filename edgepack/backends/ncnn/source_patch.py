@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ...errors import BuildError
 
-PATCH_VERSION = 3  # part of the libncnn cache key (library.py); 2: adaptive spin, 200 us cap; 3: halve only when busy
+PATCH_VERSION = 4  # part of the libncnn cache key (library.py); 2: adaptive spin, 200 us cap; 3: halve only when busy; 4: an unreadable schedstat is not retried
 
 _HELPERS = r'''#include <stdarg.h>
 #include <stdlib.h>
@@ -78,7 +78,7 @@ static __thread long t_ep_window_ns = 0;    // when this thread's window began (
 static __thread long t_ep_window_wait = 0;  // its run-queue wait then, ns
 static __thread bool t_ep_busy = false;     // the verdict of its last window
 
-static long ep_runqueue_wait_ns()
+static long ep_read_runqueue_wait_ns()
 {
 #if defined(__linux__)
     int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
@@ -100,6 +100,20 @@ static long ep_runqueue_wait_ns()
 #else
     return -1;
 #endif
+}
+
+// A /proc/thread-self/schedstat that cannot be read (not Linux, a kernel without schedstats, a
+// locked-down /proc) stays unreadable: remembered process-wide, so timeouts stop paying a failed open().
+static int g_ep_no_schedstat = 0;
+
+static long ep_runqueue_wait_ns()
+{
+    if (__atomic_load_n(&g_ep_no_schedstat, __ATOMIC_RELAXED))
+        return -1;
+    long wait = ep_read_runqueue_wait_ns();
+    if (wait < 0)
+        __atomic_store_n(&g_ep_no_schedstat, 1, __ATOMIC_RELAXED);
+    return wait;
 }
 
 static bool ep_machine_busy(long now)
