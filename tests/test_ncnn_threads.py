@@ -153,6 +153,16 @@ int main() {
 """
 
 
+def _linked(program: str, name: str, tmp_path, target_name: str = "x86_64"):
+    """``program`` compiled with -fopenmp and linked against the libncnn.a edgepack builds."""
+    target, tc = TargetMatrix.load().get(target_name), Toolchain.load()
+    lib = build_library(target, tc)
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(program)
+    obj = tc.compile(src, tmp_path / f"{name}.o", target, cxx=True, extra=["-O2", "-fopenmp"])
+    return tc.link([obj, lib.lib], tmp_path / name, target), target
+
+
 def test_the_built_libncnn_carries_the_patch():
     target = TargetMatrix.load().get("x86_64")
     lib = build_library(target, Toolchain.load())
@@ -163,12 +173,7 @@ def test_the_built_libncnn_carries_the_patch():
 
 @pytest.mark.parametrize("name", ["x86_64", "arm64"])
 def test_parallel_regions_hand_off_exactly(name, tmp_path):
-    target, tc = TargetMatrix.load().get(name), Toolchain.load()
-    lib = build_library(target, tc)
-    src = tmp_path / "stress.cpp"
-    src.write_text(STRESS)
-    obj = tc.compile(src, tmp_path / "stress.o", target, cxx=True, extra=["-O2", "-fopenmp"])
-    exe = tc.link([obj, lib.lib], tmp_path / "stress", target)
+    exe, target = _linked(STRESS, "stress", tmp_path, name)
     regions = "3000" if name == "x86_64" else "300"  # qemu-user runs it ~10x slower
     proc = subprocess.run(command_for_cpu(exe, "native" if name == "x86_64" else target.verify_cpus[0]) + [regions],
                           capture_output=True, text=True, timeout=600)
@@ -183,12 +188,7 @@ def test_imbalanced_regions_do_not_switch_spinning_off_on_an_idle_machine(tmp_pa
     the caller waited for a core (the machine was not idle) do not count; in every undisturbed one the
     regions after the imbalanced ones must almost never sleep (2026-12-01, idle 2-core x86_64:
     version 2 slept ~1440 times in those 1000 regions, version 3 0-2 times)."""
-    target, tc = TargetMatrix.load().get("x86_64"), Toolchain.load()
-    lib = build_library(target, tc)
-    src = tmp_path / "imbalance.cpp"
-    src.write_text(IMBALANCE)
-    obj = tc.compile(src, tmp_path / "imbalance.o", target, cxx=True, extra=["-O2", "-fopenmp"])
-    exe = tc.link([obj, lib.lib], tmp_path / "imbalance", target)
+    exe, _ = _linked(IMBALANCE, "imbalance", tmp_path)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     attempts = [tuple(map(int, line.split())) for line in proc.stdout.split("\n") if line.strip()]
@@ -204,12 +204,7 @@ def test_an_unreadable_schedstat_is_tried_once_not_at_every_timeout(tmp_path):
     patch also retried the open() at every timeout. Run in a mount namespace whose /proc is a tmpfs
     holding only cpuinfo, under strace: 50 regions that each time out must open schedstat once per
     thread at most."""
-    target, tc = TargetMatrix.load().get("x86_64"), Toolchain.load()
-    lib = build_library(target, tc)
-    src = tmp_path / "timeouts.cpp"
-    src.write_text(TIMEOUTS)
-    obj = tc.compile(src, tmp_path / "timeouts.o", target, cxx=True, extra=["-O2", "-fopenmp"])
-    exe = tc.link([obj, lib.lib], tmp_path / "timeouts", target)
+    exe, _ = _linked(TIMEOUTS, "timeouts", tmp_path)
     trace = tmp_path / "openat.txt"
     # ncnn counts its cores in /proc/cpuinfo: the empty /proc keeps a copy of that file alone
     script = (f"cp /proc/cpuinfo {tmp_path}/cpuinfo && mount -t tmpfs none /proc && cp {tmp_path}/cpuinfo /proc/ "

@@ -97,9 +97,9 @@ def _io_from_pyscript(py: str, n_in: int, n_out: int):
 
 def graph_code_digest() -> str:
     """A digest of the source of the modules that rewrite the graph before pnnx: part of the conversion
-    cache key next to their version numbers, so an edited rewrite never reuses a conversion made by the
-    old code (an experiment under an unbumped version number once did). A frozen edgepack ships no
-    .py files: there the version numbers alone key it."""
+    cache folder's name next to their version numbers, so an edited rewrite never reuses a conversion
+    made by the old code (an experiment under an unbumped version number once did). A frozen edgepack
+    ships no .py files: there the version numbers alone key it."""
     h = hashlib.sha256()
     for module in (rewrite, seq_first, fuse):
         src = Path(module.__file__)
@@ -111,9 +111,12 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     import ncnn  # the Python wheel: the converted model's independent check
     blob = model.proto.SerializeToString()
     key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 2,
-                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION, "graph_code": graph_code_digest()})
-    root = cache_root() / "ncnn-models" / key
-    with locked(cache_root() / "locks" / f"ncnn-model-{key}.lock"):
+                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION})
+    # The folder also follows the rewrite code; the key the manifest records does not, so a frozen
+    # edgepack (no .py files to digest) builds the same bytes as a pip-installed one.
+    entry = key_of({"key": key, "graph_code": graph_code_digest()})
+    root = cache_root() / "ncnn-models" / entry
+    with locked(cache_root() / "locks" / f"ncnn-model-{entry}.lock"):
         meta_path = root / "convert.json"
         if meta_path.is_file():
             meta = json.loads(meta_path.read_text())
