@@ -24,9 +24,9 @@ from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
-from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .source_patch import PATCH_KEY, patch_source
+from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
 
 RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 

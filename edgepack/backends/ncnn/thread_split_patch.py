@@ -70,7 +70,7 @@ static inline bool ep_split_n(int M, int N, int nT, int& TILE_N)
 # The item loop: ep_ij runs over nn_M x (nn_N or 1); an item covers M tile ppj and either one N
 # tile (split) or all of N (ncnn's loop).
 _ITEM_HEAD = (
-    "    const int ep_nn_J = ep_split ? (N + TILE_N - 1) / TILE_N : 1;\n"
+    "    const int ep_nn_J = ep_split ? nn_N : 1;  // nn_N: counted after ep_split_n set TILE_N\n"
     "    #pragma omp parallel for num_threads(nT)\n"
     "    for (int ep_ij = 0; ep_ij < nn_M * ep_nn_J; ep_ij++)\n"
     "    {\n"
