@@ -9,8 +9,9 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
-# cmake+ninja build libncnn; qemu-user runs Arm artifacts for verification; llvm gives llvm-strip.
-$SUDO apt-get install -y --no-install-recommends cmake ninja-build qemu-user llvm file ca-certificates
+# cmake+ninja build libncnn; qemu-user runs Arm artifacts for verification; llvm gives llvm-strip;
+# strace counts the patched libncnn's system calls in tests/test_ncnn_threads.py.
+$SUDO apt-get install -y --no-install-recommends cmake ninja-build qemu-user llvm file ca-certificates strace
 "$PYTHON" -m pip install -e ".[test]"
 # pnnx's wheel declares torch, but edgepack only calls its standalone executable.
 "$PYTHON" -m pip install --no-deps "pnnx==20261020"
