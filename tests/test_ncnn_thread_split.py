@@ -6,7 +6,9 @@ into 16 channels (ncnn's direct kernel, one block of 16 cut into row runs), 1x1 
 products with few output channels and many pixels (split by N; 24 and 48 channels are the uneven
 M tiles), 3x3 stride-1 layers that ncnn runs as Winograd (split, and not split where the tiles are
 fewer than the channels), a 1x1 with more channels than pixels (ncnn's own loop), and pixel counts
-that are not a multiple of any tile; after each, an activation layer that the patch also splits."""
+that are not a multiple of any tile; after each, an activation layer that the patch also splits; and
+channel Slices and Concats, a same-shape Add and an in-place scalar Mul, which the patch shares by
+pixels or, where channels outnumber pixels, by channels."""
 from __future__ import annotations
 
 import json
@@ -29,6 +31,31 @@ ACTIVATIONS = ["Swish", "HardSwish", "Sigmoid", "Relu", "Tanh"]
 LAYERS = [(16, 3, 2), (32, 1, 1), (24, 3, 1), (48, 3, 2), (160, 1, 1), (64, 3, 1), (256, 1, 2), (40, 3, 1)]
 
 
+def _split_add_concat(nodes, inits, name, cin):
+    """Slice into halves, add them, scale by a constant in place, Concat after the input: 58 x 50 pixels
+    by 32 channels, where ncnn's copies, same-shape Add and scalar Mul are shared by pixels."""
+    half = cin // 2
+    inits += [numpy_helper.from_array(np.array([half, half], np.int64), "halves"),
+              numpy_helper.from_array(np.array(0.5, np.float32), "half_scale")]
+    nodes += [helper.make_node("Split", [name, "halves"], ["h0", "h1"], axis=1),
+              helper.make_node("Add", ["h0", "h1"], ["h_sum"]),
+              helper.make_node("Mul", ["h_sum", "half_scale"], ["h_scaled"]),
+              helper.make_node("Concat", [name, "h_scaled"], ["h_cat"], axis=1)]
+    return cin + half, "h_cat"
+
+
+def _swap_halves(nodes, inits, name, cin):
+    """The channel halves swapped (Slice, Concat) at 15 x 13 pixels by 256 channels: shared by channels."""
+    inits.append(numpy_helper.from_array(np.array([cin // 2, cin // 2], np.int64), "swap_halves"))
+    nodes += [helper.make_node("Split", [name, "swap_halves"], ["g0", "g1"], axis=1),
+              helper.make_node("Concat", ["g1", "g0"], ["g_cat"], axis=1)]
+    return cin, "g_cat"
+
+
+# after these layers: copies, binary ops (split by pixels or by channels as the tensor's shape says)
+SHUFFLES = {1: _split_add_concat, 6: _swap_halves}
+
+
 @pytest.fixture(scope="module")
 def conv_model(tmp_path_factory):
     rng = np.random.default_rng(11)
@@ -47,6 +74,8 @@ def conv_model(tmp_path_factory):
         elif not last:
             nodes.append(helper.make_node(act, [f"c{i}"], [out]))
         cin, name = cout, f"r{i}"
+        if i in SHUFFLES:
+            cin, name = SHUFFLES[i](nodes, inits, name, cin)
     graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 116, 100])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cin, hh, ww])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])  # 14: HardSwish
@@ -72,7 +101,7 @@ def test_layers_split_by_pixels_match_onnxruntime_on_every_x86_cpu(conv_model, t
     art = tmp_path / "out" / "convs-x86_64"
     layers = set(json.loads((tmp_path / "out" / "convs-x86_64.json").read_text())["backend"]["layers"])
     # (pnnx fuses Relu and Sigmoid into the convolution, which runs them as an in-place layer pass)
-    assert {"Swish", "HardSwish", "TanH"} <= layers, layers
+    assert {"Swish", "HardSwish", "TanH", "Slice", "Concat", "BinaryOp"} <= layers, layers
     x = np.random.default_rng(5).standard_normal((1, 3, 116, 100)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     want = ort.InferenceSession(str(conv_model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
