@@ -188,6 +188,21 @@ static inline int ep_elementwise_runs(int channels, int elempack, int size, int 
 #endif // EP_ELEMENTWISE_RUNS_DEFINED
 
 '''
+
+
+def _pixel_runs_head(elempack: str) -> str:
+    """A channel loop's head turned into the (channel, run) loop: q, and the run [ep_start, ep_end)
+    of the channel's `size` floats (runs start at multiples of 16 floats)."""
+    return ("    const int ep_runs = ep_elementwise_runs(channels, " + elempack + ", size, opt.num_threads);\n\n"
+            "    #pragma omp parallel for num_threads(opt.num_threads)\n"
+            "    for (int ep_qr = 0; ep_qr < channels * ep_runs; ep_qr++)\n"
+            "    {\n"
+            "        const int q = ep_qr % channels;\n"
+            "        const int ep_r = ep_qr / channels;\n"
+            "        const int ep_start = (int)((long)size * ep_r / ep_runs) / 16 * 16;\n"
+            "        const int ep_end = ep_r + 1 == ep_runs ? size : (int)((long)size * (ep_r + 1) / ep_runs) / 16 * 16;\n")
+
+
 _ACTIVATION_EDITS = (
     ("the run helper", "#if NCNN_RUNTIME_CPU && NCNN_FMA && __AVX__ && !__FMA__ && !__FMA4__\nvoid ",
      _ACTIVATION_HELPER + "#if NCNN_RUNTIME_CPU && NCNN_FMA && __AVX__ && !__FMA__ && !__FMA4__\nvoid ", 1),
@@ -198,15 +213,7 @@ _ACTIVATION_EDITS = (
      "    {\n"
      "        float* ptr = bottom_top_blob.channel(q);\n\n"
      "        int i = 0;\n",
-     "    int size = w * h * d * elempack;\n"
-     "    const int ep_runs = ep_elementwise_runs(channels, elempack, size, opt.num_threads);\n\n"
-     "    #pragma omp parallel for num_threads(opt.num_threads)\n"
-     "    for (int ep_qr = 0; ep_qr < channels * ep_runs; ep_qr++)\n"
-     "    {\n"
-     "        const int q = ep_qr % channels;\n"
-     "        const int ep_r = ep_qr / channels;\n"
-     "        const int ep_start = (int)((long)size * ep_r / ep_runs) / 16 * 16;\n"
-     "        const int ep_end = ep_r + 1 == ep_runs ? size : (int)((long)size * (ep_r + 1) / ep_runs) / 16 * 16;\n"
+     "    int size = w * h * d * elempack;\n" + _pixel_runs_head("elempack") +
      "        float* ptr = (float*)bottom_top_blob.channel(q) + ep_start;\n"
      "        const int size = ep_end - ep_start; // this run's share\n\n"
      "        int i = 0;\n", 1),
@@ -225,14 +232,7 @@ _BINARYOP_EDITS = (
      "    {\n"
      "        float* ptr = a.channel(q);\n\n"
      "        binary_op_vector(ptr, &b, ptr, size, 1, 1, 1, op_type);\n",
-     "    const int ep_runs = ep_elementwise_runs(channels, a.elempack, size, opt.num_threads);\n\n"
-     "    #pragma omp parallel for num_threads(opt.num_threads)\n"
-     "    for (int ep_qr = 0; ep_qr < channels * ep_runs; ep_qr++)\n"
-     "    {\n"
-     "        const int q = ep_qr % channels;\n"
-     "        const int ep_r = ep_qr / channels;\n"
-     "        const int ep_start = (int)((long)size * ep_r / ep_runs) / 16 * 16;\n"
-     "        const int ep_end = ep_r + 1 == ep_runs ? size : (int)((long)size * (ep_r + 1) / ep_runs) / 16 * 16;\n"
+     _pixel_runs_head("a.elempack") +
      "        float* ptr = (float*)a.channel(q) + ep_start;\n\n"
      "        binary_op_vector(ptr, &b, ptr, ep_end - ep_start, 1, 1, 1, op_type);\n", 1),
     ("the same-shape loop",
@@ -243,14 +243,7 @@ _BINARYOP_EDITS = (
      "        const float* ptr1 = b.channel(q);\n"
      "        float* outptr = c.channel(q);\n\n"
      "        binary_op_vector(ptr, ptr1, outptr, size, size, 1, 1, op_type);\n",
-     "    const int ep_runs = ep_elementwise_runs(channels, a.elempack, size, opt.num_threads);\n\n"
-     "    #pragma omp parallel for num_threads(opt.num_threads)\n"
-     "    for (int ep_qr = 0; ep_qr < channels * ep_runs; ep_qr++)\n"
-     "    {\n"
-     "        const int q = ep_qr % channels;\n"
-     "        const int ep_r = ep_qr / channels;\n"
-     "        const int ep_start = (int)((long)size * ep_r / ep_runs) / 16 * 16;\n"
-     "        const int ep_end = ep_r + 1 == ep_runs ? size : (int)((long)size * (ep_r + 1) / ep_runs) / 16 * 16;\n"
+     _pixel_runs_head("a.elempack") +
      "        const float* ptr = (const float*)a.channel(q) + ep_start;\n"
      "        const float* ptr1 = (const float*)b.channel(q) + ep_start;\n"
      "        float* outptr = (float*)c.channel(q) + ep_start;\n\n"
