@@ -354,14 +354,14 @@ def main(argv: list[str] | None = None) -> int:
             # read again: another run may have updated other models' rows since this one started
             kept = kept_rows(json.loads(args.json.read_text())["rows"], {e.name for e in entries},
                              set(args.targets.split(",")))
-        everything = sorted(kept + rows, key=lambda r: order.index(r.model) if r.model in order else len(order))
+        everything = sorted(kept + rows, key=lambda r: (order.index(r.model) if r.model in order else len(order), r.target))
         args.json.parent.mkdir(parents=True, exist_ok=True)
         commits = {r.commit for r in everything}   # None: a row from before rows carried their commit
         args.json.write_text(json.dumps({"targets": ",".join(sorted({r.target for r in everything} - {"-"})), "runs": args.runs, "rounds": args.rounds,
                                          "edgepack_commit": next(iter(commits)) if len(commits) == 1 and None not in commits
                                          else "per row (several runs)",
                                          "rows": [r.__dict__ | {"ratio": r.ratio} for r in everything]}, indent=1))
-    rows = sorted(kept + rows, key=lambda r: order.index(r.model) if r.model in order else len(order))
+    rows = sorted(kept + rows, key=lambda r: (order.index(r.model) if r.model in order else len(order), r.target))
     print(markdown_table(rows) if args.markdown else text_table(rows))
     print("\n" + summary(rows))
     return 0 if all(r.ok for r in rows) else 1
