@@ -251,7 +251,7 @@ _BINARYOP_EDITS = (
 )
 
 # A channel Concat or Slice whose inputs and outputs keep their packing is one memcpy of the whole
-# tensor on the calling thread (nudenet_320n: 15 Concats and 9 Slices, 0.73 ms on 1 thread and 0.98
+# tensor on the calling thread (nudenet_320n: 19 Concats and 10 Slices, 0.73 ms on 1 thread and 0.98
 # on 2, slower because half of what one thread copies was just written into the other core's cache).
 # The copy is shared the way the layers before shared the writing: one run of every channel's
 # pixels per thread where pixels outnumber channels, else a range of channels per thread.
