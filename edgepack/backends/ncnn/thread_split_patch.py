@@ -316,16 +316,16 @@ _SLICE_EDITS = (
      "                ep_copy_channels(outptr, ptr, top_blob, opt);\n", 1),
 )
 
-THREAD_SPLIT_PATCH_KEY = f"{THREAD_SPLIT_PATCH_VERSION}-{edits_digest(_IM2COL_EDITS, _WINOGRAD_EDITS, _PACKED_EDITS, _ACTIVATION_EDITS, _BINARYOP_EDITS, _CONCAT_EDITS, _SLICE_EDITS)}"
+# Every patched file with its edits: one table for the cache key and for applying them, so the two
+# cannot disagree (the activation edits, shared by nine files, count once in the key).
+_FILE_EDITS = ((IM2COL_FILE, _IM2COL_EDITS), (WINOGRAD_FILE, _WINOGRAD_EDITS), (PACKED_FILE, _PACKED_EDITS),
+               *((name, _ACTIVATION_EDITS) for name in ACTIVATION_FILES),
+               (BINARYOP_FILE, _BINARYOP_EDITS), (CONCAT_FILE, _CONCAT_EDITS), (SLICE_FILE, _SLICE_EDITS))
+
+THREAD_SPLIT_PATCH_KEY = f"{THREAD_SPLIT_PATCH_VERSION}-{edits_digest(*dict.fromkeys(e for _, e in _FILE_EDITS))}"
 
 
 def patch_thread_split(src: Path) -> None:
     """Apply the edits to an unpacked ncnn source tree, in place."""
-    apply_edits(src / IM2COL_FILE, _IM2COL_EDITS, "thread_split_patch.py")
-    apply_edits(src / WINOGRAD_FILE, _WINOGRAD_EDITS, "thread_split_patch.py")
-    apply_edits(src / PACKED_FILE, _PACKED_EDITS, "thread_split_patch.py")
-    for name in ACTIVATION_FILES:
-        apply_edits(src / name, _ACTIVATION_EDITS, "thread_split_patch.py")
-    apply_edits(src / BINARYOP_FILE, _BINARYOP_EDITS, "thread_split_patch.py")
-    apply_edits(src / CONCAT_FILE, _CONCAT_EDITS, "thread_split_patch.py")
-    apply_edits(src / SLICE_FILE, _SLICE_EDITS, "thread_split_patch.py")
+    for name, edits in _FILE_EDITS:
+        apply_edits(src / name, edits, "thread_split_patch.py")
