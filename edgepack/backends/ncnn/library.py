@@ -24,6 +24,7 @@ from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
+from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .source_patch import PATCH_KEY, patch_source
 from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
@@ -36,7 +37,8 @@ def _arch_patches(target: Target) -> tuple:
     the key and the build, so they cannot disagree."""
     if target.arch != "x86_64":
         return ()
-    return (("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split))
+    return (("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
+            ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv))
 
 
 BASE_OPTIONS = {

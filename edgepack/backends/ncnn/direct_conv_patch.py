@@ -1,0 +1,248 @@
+"""A direct AVX-512 kernel for ncnn's x86 3x3 convolutions with few input channels
+(src/layer/x86/convolution_x86.cpp, convolution_x86.h).
+
+ncnn runs a 3x3 stride-1 layer with more than 8 channels on either side as Winograd, and a stride-2
+one as im2col + GEMM. Both pay off where K = 9 x input channels is large. On the early layers of a
+detector K is small and the feature map large: ddddocr_det's 12 -> 24 layer at 208 x 208 spends most
+of its time in Winograd's input and output transforms (47 GFLOP/s on one core of the AVX-512 Xeon,
+whose FMA peak is ~200), its 24 -> 48 stride-2 layer in im2col (62 GFLOP/s), where onnxruntime's
+direct NCHWc kernels reach ~160.
+
+The kernel here computes 32 output channels (two registers) x 12 output pixels of one row at a time:
+for every (input channel, ky, kx) it loads two weight vectors and broadcasts 12 input values, 24 FMAs
+from 14 loads, with the weights of a 32-channel block ([input channel x 9][32], zero-padded past the
+layer's channels) in L1. It reads the input in whatever packing ncnn gave it (1, 4, 8 or 16 channels
+per pixel) and writes 8- or 16-channel packing, so the layers around it are unchanged. Threads take
+runs of output rows, like the rest of thread_split_patch.py's layers.
+
+Taken where `ep_c3_wanted` says (3x3, dilation 1, stride 1 or 2, fp32 with packing, output channels a
+multiple of 8, fewer than 16 input channels at stride 1, at most 96 at stride 2: the measured
+break-even points, docs/backends.md "Direct 3x3 kernel"). The kernel sums each output over (input channel, ky,
+kx) in fp32 in that order: not bit-identical to Winograd or GEMM, so the build verifies against
+onnxruntime as for any kernel. Only the AVX-512 build of the layer has it (ncnn compiles
+convolution_x86.cpp once per ISA and picks one by CPUID), so AVX2 and SSE CPUs run ncnn's kernels.
+
+Applied as exact text edits that must each match, like source_patch.py. Only x86 builds compile
+these files, so only their cache key carries DIRECT_CONV_PATCH_KEY.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .source_patch import apply_edits, edits_digest
+
+DIRECT_CONV_PATCH_VERSION = 1  # part of the x86 libncnn cache key (library.py)
+
+CONV_FILE = "src/layer/x86/convolution_x86.cpp"
+CONV_HEADER = "src/layer/x86/convolution_x86.h"
+
+_KERNEL = r'''
+#if __AVX512F__
+// edgepack (direct_conv_patch.py): direct 3x3 convolution for layers with few input channels.
+static bool ep_c3_wanted(int num_input, int num_output, int kernel_w, int kernel_h, int dilation_w, int dilation_h, int stride_w, int stride_h, const Option& opt)
+{
+    if (!opt.use_packing_layout || opt.use_bf16_storage || kernel_w != 3 || kernel_h != 3 || dilation_w != 1 || dilation_h != 1)
+        return false;
+    if (stride_w != stride_h || (stride_w != 1 && stride_w != 2) || num_output % 8 != 0)
+        return false;
+    // measured break-even (direct_conv_patch.py): Winograd wins from 16 input channels at stride 1,
+    // im2col + GEMM from 128 at stride 2
+    return stride_w == 1 ? num_input < 16 : num_input <= 96;
+}
+
+// wp: [ceil(num_output / 32)][num_input * 9][32], zero past num_output.
+static void ep_c3_pack_weights(const float* w, int num_input, int num_output, float* wp)
+{
+    const int K = num_input * 9;
+    const int nb = (num_output + 31) / 32;
+    memset(wp, 0, sizeof(float) * nb * K * 32);
+    for (int oc = 0; oc < num_output; oc++)
+        for (int k = 0; k < K; k++)
+            wp[((oc / 32) * K + k) * 32 + oc % 32] = w[oc * K + k];
+}
+
+// NP output pixels x NV registers of 16 output channels. kx is not unrolled: unrolled, the compiler
+// keeps each broadcast for the three kx that reuse it and spills the accumulators.
+template<int NP, int NV, int S, int EP>
+static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int num_input, const float* wp, const float* bias,
+                               int oc0, int num_output, int oy, int ox, float* const* outg, int outw, int out_ep)
+{
+    __m512 acc[NV][NP];
+    _Pragma("unroll") for (int v = 0; v < NV; v++)
+    {
+        __m512 b = _mm512_loadu_ps(bias + v * 16);
+        _Pragma("unroll") for (int p = 0; p < NP; p++) acc[v][p] = b;
+    }
+    const float* wk = wp;
+    for (int ic = 0; ic < num_input; ic++)
+    {
+        const float* inp = in + (size_t)(ic / EP) * in_cstep + ic % EP;
+        _Pragma("unroll") for (int ky = 0; ky < 3; ky++)
+        {
+            const float* row = inp + ((size_t)(oy * S + ky) * inw + ox * S) * EP;
+            _Pragma("nounroll") for (int kx = 0; kx < 3; kx++)
+            {
+                __m512 w0 = _mm512_loadu_ps(wk + (ky * 3 + kx) * 32);
+                __m512 w1 = NV > 1 ? _mm512_loadu_ps(wk + (ky * 3 + kx) * 32 + 16) : w0;
+                _Pragma("unroll") for (int p = 0; p < NP; p++)
+                {
+                    __m512 x = _mm512_set1_ps(row[(p * S + kx) * EP]);
+                    acc[0][p] = _mm512_fmadd_ps(w0, x, acc[0][p]);
+                    if (NV > 1) acc[NV - 1][p] = _mm512_fmadd_ps(w1, x, acc[NV - 1][p]);
+                }
+            }
+        }
+        wk += 9 * 32;
+    }
+    const size_t pix = (size_t)oy * outw + ox;
+    _Pragma("unroll") for (int v = 0; v < NV; v++)
+    {
+        const int oc = oc0 + v * 16;
+        if (out_ep == 16)
+        {
+            float* o = outg[oc / 16] + pix * 16;
+            _Pragma("unroll") for (int p = 0; p < NP; p++) _mm512_storeu_ps(o + p * 16, acc[v][p]);
+        }
+        else
+        {
+            float* o0 = outg[oc / 8] + pix * 8;
+            _Pragma("unroll") for (int p = 0; p < NP; p++) _mm256_storeu_ps(o0 + p * 8, _mm512_castps512_ps256(acc[v][p]));
+            if (oc + 8 < num_output)
+            {
+                float* o1 = outg[oc / 8 + 1] + pix * 8;
+                _Pragma("unroll") for (int p = 0; p < NP; p++) _mm256_storeu_ps(o1 + p * 8, _mm512_extractf32x8_ps(acc[v][p], 1));
+            }
+        }
+    }
+}
+
+template<int NV, int S, int EP>
+static void ep_c3_row(const float* in, int inw, size_t in_cstep, int num_input, const float* wp, const float* bias,
+                      int oc0, int num_output, int oy, float* const* outg, int outw, int out_ep)
+{
+    int ox = 0;
+    for (; ox + 12 <= outw; ox += 12)
+        ep_c3_block<12, NV, S, EP>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
+    for (; ox + 4 <= outw; ox += 4)
+        ep_c3_block<4, NV, S, EP>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
+    for (; ox < outw; ox++)
+        ep_c3_block<1, NV, S, EP>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
+}
+
+// in: the padded input, in_cstep floats between its channel groups of ep channels; wp and bias
+// (num_output rounded up to 32, zero-padded) from create_pipeline; outg[g]: output channel group g.
+static int ep_c3_forward(const float* in, int inw, size_t in_cstep, int ep, int num_input, const float* wp, const float* bias,
+                         int num_output, int stride, float* const* outg, int outw, int outh, int out_ep, int nthreads)
+{
+    if ((ep != 1 && ep != 4 && ep != 8 && ep != 16) || (out_ep != 8 && out_ep != 16) || (stride != 1 && stride != 2))
+        return -1;
+    const int K = num_input * 9;
+    const int nb = (num_output + 31) / 32;
+    #pragma omp parallel for num_threads(nthreads)
+    for (int oy = 0; oy < outh; oy++)
+    {
+        for (int b = 0; b < nb; b++)
+        {
+            const int oc0 = b * 32;
+            const float* w = wp + (size_t)b * K * 32;
+            const bool two = num_output - oc0 > 16;
+#define EP_C3_ROW(NV, S, EP) ep_c3_row<NV, S, EP>(in, inw, in_cstep, num_input, w, bias + oc0, oc0, num_output, oy, outg, outw, out_ep)
+#define EP_C3_EP(NV, S) if (ep == 1) EP_C3_ROW(NV, S, 1); else if (ep == 4) EP_C3_ROW(NV, S, 4); else if (ep == 8) EP_C3_ROW(NV, S, 8); else EP_C3_ROW(NV, S, 16)
+            if (stride == 1)
+            {
+                if (two) { EP_C3_EP(2, 1); } else { EP_C3_EP(1, 1); }
+            }
+            else
+            {
+                if (two) { EP_C3_EP(2, 2); } else { EP_C3_EP(1, 2); }
+            }
+#undef EP_C3_EP
+#undef EP_C3_ROW
+        }
+    }
+    return 0;
+}
+#endif // __AVX512F__
+'''
+
+_CREATE = r'''
+#if __AVX512F__
+    if (ep_c3_wanted(num_input, num_output, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, opt))
+    {
+        const int nb = (num_output + 31) / 32;
+        weight_ep_c3.create(nb * num_input * 9 * 32, (size_t)4u);
+        bias_ep_c3.create(nb * 32, (size_t)4u);
+        if (weight_ep_c3.empty() || bias_ep_c3.empty())
+            return -100;
+        ep_c3_pack_weights(weight_data, num_input, num_output, weight_ep_c3);
+        bias_ep_c3.fill(0.f);
+        if (bias_term)
+            memcpy(bias_ep_c3, bias_data, num_output * sizeof(float));
+
+        if (opt.lightmode)
+            weight_data.release();
+
+        return 0;
+    }
+#endif // __AVX512F__
+
+'''
+
+_FORWARD = r'''
+#if __AVX512F__
+    if (!weight_ep_c3.empty())
+    {
+        // create_pipeline chose the direct kernel (ep_c3_wanted): fp32, packed, 3x3
+        if (elemsize != (size_t)4u * elempack)
+            return -1;
+        std::vector<float*> outg(top_blob.c);
+        for (int g = 0; g < top_blob.c; g++)
+            outg[g] = top_blob.channel(g);
+        int ret = ep_c3_forward(bottom_blob_bordered, w, bottom_blob_bordered.cstep * elempack, elempack, num_input, weight_ep_c3, bias_ep_c3,
+                                num_output, stride_w, outg.data(), outw, outh, out_elempack, opt.num_threads);
+        if (ret != 0)
+            return ret;
+
+        if (activation)
+        {
+            activation->forward_inplace(top_blob, opt);
+        }
+        return 0;
+    }
+#endif // __AVX512F__
+'''
+
+# fp32 create_pipeline (the bf16 one offers no Winograd F(6,3)), and the fp32 forward (the one with
+# the dilation hand-over); the kernel goes after the early returns for int8, bf16 and dilation.
+_WINOGRAD_CHOICE = ("#endif // __SSE2__\n\n    bool prefer_winograd = (opt.use_winograd23_convolution"
+                    " || opt.use_winograd43_convolution || opt.use_winograd63_convolution)")
+_DILATION_FORWARD = ("            return forwardDilation_x86(bottom_blob_bordered, top_blob, opt);\n        }\n    }\n\n"
+                     "    const int num_input = channels * elempack;\n")
+
+_CONV_EDITS = (
+    ("the kernel, after the includes",
+     "namespace ncnn {\n\n#include \"convolution_3x3.h\"\n",
+     "namespace ncnn {\n" + _KERNEL + "\n#include \"convolution_3x3.h\"\n", 1),
+    ("create_pipeline's kernel choice",
+     _WINOGRAD_CHOICE,
+     _WINOGRAD_CHOICE.replace("\n\n", "\n" + _CREATE, 1), 1),
+    ("forward's kernel choice",
+     _DILATION_FORWARD,
+     _DILATION_FORWARD + _FORWARD, 1),
+)
+
+_HEADER_EDITS = (
+    ("the kernel's weights",
+     "    Mat weight_winograd63_data;\n",
+     "    Mat weight_winograd63_data;\n    Mat weight_ep_c3; // edgepack direct_conv_patch.py\n    Mat bias_ep_c3;\n", 1),
+)
+
+_FILE_EDITS = ((CONV_FILE, _CONV_EDITS), (CONV_HEADER, _HEADER_EDITS))
+
+DIRECT_CONV_PATCH_KEY = f"{DIRECT_CONV_PATCH_VERSION}-{edits_digest(*(e for _, e in _FILE_EDITS))}"
+
+
+def patch_direct_conv(src: Path) -> None:
+    """Apply the edits to an unpacked ncnn source tree, in place."""
+    for name, edits in _FILE_EDITS:
+        apply_edits(src / name, edits, "direct_conv_patch.py")

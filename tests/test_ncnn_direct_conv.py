@@ -1,0 +1,142 @@
+"""ncnn's x86 3x3 convolutions with few input channels run edgepack's direct AVX-512 kernel
+(edgepack/backends/ncnn/direct_conv_patch.py) and give onnxruntime's answer, on 1 and 2 threads; CPUs
+without AVX-512 (Haswell, Nehalem) keep ncnn's kernels and must agree too. The layers reach every
+variant of the kernel: input packed 1, 4, 8 and 16 channels per pixel; output packed 8 and 16; one
+or two registers of output channels, with an 8-channel half-block; stride 1 and 2, with and without
+padding; rows of 12-, 4- and 1-pixel blocks; a fused activation; and, next to them, layers just past
+the break-even (16 channels at stride 1, 128 at stride 2) that keep ncnn's Winograd and GEMM."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import run_edgepack
+from test_ncnn_thread_split import CPUS, _run
+
+# (out channels, kernel, stride, pad, relu): input 3 x 50 x 59
+LAYERS = [(16, 3, 2, 1, False),   # 3 -> 16: packed 1 in, 16 out, one register; 25 x 30: 12 + 12 + 4 + 1 + 1
+          (12, 1, 1, 0, False),   # to 12 channels (packed 4)
+          (24, 3, 1, 1, True),    # 12 -> 24 stride 1: packed 4 in, 8 out, a half-filled second register; Relu fused
+          (16, 3, 1, 1, False),   # 24 -> 16 stride 1: ncnn's Winograd (past the break-even)
+          (40, 3, 2, 0, False),   # 16 -> 40 stride 2, no padding: packed 16 in, 8 out, 32 + 8 channels; 12 x 14
+          (48, 1, 1, 0, False),
+          (96, 3, 2, 1, True),    # 48 -> 96: packed 16 in and out, three blocks of 32; 6 x 7: 4 + 1 + 1 + 1
+          (32, 3, 2, 1, False),   # 96 -> 32: the largest input the kernel takes at stride 2
+          (128, 1, 1, 0, False),
+          (64, 3, 2, 1, False)]   # 128 -> 64: ncnn's GEMM (past the break-even)
+H, W = 50, 59
+
+
+@pytest.fixture(scope="module")
+def direct_model(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    nodes, inits, cin, name, hh, ww = [], [], 3, "x", H, W
+    for i, (cout, k, s, pad, relu) in enumerate(LAYERS):
+        hh, ww = (hh + 2 * pad - k) // s + 1, (ww + 2 * pad - k) // s + 1
+        w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+        b = rng.standard_normal(cout).astype(np.float32) * 0.1
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        out = "y" if i == len(LAYERS) - 1 else f"c{i}"
+        nodes.append(helper.make_node("Conv", [name, f"w{i}", f"b{i}"], [out], kernel_shape=[k, k], strides=[s, s],
+                                      pads=[pad] * 4))
+        if relu:
+            nodes.append(helper.make_node("Relu", [out], [f"r{i}"]))
+            out = f"r{i}"
+        cin, name = cout, out
+    graph = helper.make_graph(nodes, "direct", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, H, W])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cin, hh, ww])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path_factory.mktemp("direct") / "direct.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_direct_kernel_layers_match_onnxruntime_on_every_x86_cpu(direct_model, tmp_path):
+    proc = run_edgepack("build", str(direct_model), "--target", "x86_64", "--backend", "ncnn", "--fp32",
+                        "--out", str(tmp_path / "out"), "--json")
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
+    art = tmp_path / "out" / "direct-x86_64"
+    x = np.random.default_rng(8).standard_normal((1, 3, H, W)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(direct_model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    scale = float(np.abs(want).max())
+    assert scale > 0.1 and float(np.abs(want - np.median(want)).mean()) > 1e-3 * scale  # a live signal
+    for cpu in CPUS:
+        one = _run(art, cpu, 1, tmp_path / "x.npy", tmp_path / f"{cpu}-1")
+        two = _run(art, cpu, 2, tmp_path / "x.npy", tmp_path / f"{cpu}-2")
+        for threads, got in ((1, one), (2, two)):
+            err = float(np.abs(got.reshape(want.shape) - want).max())
+            assert err <= 1e-4 * scale, (cpu, threads, err)  # fp32: only the order of additions differs
+        np.testing.assert_array_equal(one, two, err_msg=cpu)  # each output row is one thread's, in one order
+
+
+def _fma_order(x, w, b):
+    """The kernel's arithmetic: per output, bias then one fused multiply-add per (ic, ky, kx) in that
+    order, rounded to fp32 each time (the fp64 product of two fp32 values is exact)."""
+    cout, cin = w.shape[:2]
+    xp = np.pad(x[0].astype(np.float64), ((0, 0), (1, 1), (1, 1)))
+    hh, ww = x.shape[2], x.shape[3]
+    acc = np.broadcast_to(b[:, None, None], (cout, hh, ww)).astype(np.float32)
+    for ic in range(cin):
+        for ky in range(3):
+            for kx in range(3):
+                prod = w[:, ic, ky, kx].astype(np.float64)[:, None, None] * xp[ic, ky:ky + hh, kx:kx + ww][None]
+                acc = (acc.astype(np.float64) + prod).astype(np.float32)
+    return acc[None]
+
+
+def test_the_avx512_build_runs_the_direct_kernel(tmp_path):
+    """One 12 -> 24 stride-1 layer: on AVX-512 the output is bit for bit the kernel's order of fused
+    multiply-adds; ncnn's AVX2 build runs it as Winograd, which is not. (qemu has no AVX-512 model, so
+    the kernel runs only where the machine has it.)"""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((24, 12, 3, 3)) / 6).astype(np.float32)
+    b = (rng.standard_normal(24) * 0.1).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)], "one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 20, 29])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 20, 29])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "one.onnx")
+    proc = run_edgepack("build", str(tmp_path / "one.onnx"), "--target", "x86_64", "--backend", "ncnn", "--fp32",
+                        "--no-simplify", "--out", str(tmp_path / "out"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    x = rng.standard_normal((1, 12, 20, 29)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    exact = _fma_order(x, w, b)
+    native = _run(tmp_path / "out" / "one-x86_64", "native", 1, tmp_path / "x.npy", tmp_path / "n").reshape(exact.shape)
+    haswell = _run(tmp_path / "out" / "one-x86_64", "Haswell-noTSX", 1, tmp_path / "x.npy", tmp_path / "h")
+    assert not np.array_equal(haswell.reshape(exact.shape), exact)
+    if _native_has_avx512():
+        np.testing.assert_array_equal(native, exact)
+    else:  # (the AMD EPYC of earlier sessions) ncnn's AVX2 kernels, like Haswell's
+        np.testing.assert_array_equal(native, haswell.reshape(exact.shape))
+
+
+def _native_has_avx512() -> bool:
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("flags") and " avx512f " in f" {line.split(':', 1)[1]} " for line in f)
+
+
+def test_the_x86_library_carries_the_direct_kernel_and_only_x86_keys_it(monkeypatch):
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.direct_conv_patch import CONV_FILE
+    from edgepack.targets import TargetMatrix
+    from edgepack.toolchains import Toolchain
+    matrix, tc = TargetMatrix.load(), Toolchain.load()
+    lib = library.build_library(matrix.get("x86_64"), tc)
+    text = (lib.root / "src" / CONV_FILE).read_text()
+    assert text.count("if (ep_c3_wanted(") == 1 and text.count("if (!weight_ep_c3.empty())") == 1
+    arm_key, _ = library.library_key(matrix.get("arm64"), tc)
+    monkeypatch.setattr(library, "DIRECT_CONV_PATCH_KEY", library.DIRECT_CONV_PATCH_KEY + "-changed")
+    assert library.library_key(matrix.get("arm64"), tc)[0] == arm_key
+    assert library.library_key(matrix.get("x86_64"), tc)[0] != lib.key
