@@ -1,10 +1,11 @@
-"""ncnn's x86 3x3 convolutions with few input channels run edgepack's direct AVX-512 kernel
-(edgepack/backends/ncnn/direct_conv_patch.py) and give onnxruntime's answer, on 1 and 2 threads; CPUs
-without AVX-512 (Haswell, Nehalem) keep ncnn's kernels and must agree too. The layers reach every
-variant of the kernel: input packed 1, 4, 8 and 16 channels per pixel; output packed 8 and 16; one
-or two registers of output channels, with an 8-channel half-block; stride 1 and 2, with and without
-padding; rows of 12-, 4- and 1-pixel blocks; a fused activation; and, next to them, layers just past
-the break-even (16 channels at stride 1, 128 at stride 2) that keep ncnn's Winograd and GEMM."""
+"""ncnn's x86 1x1 convolutions and 3x3 ones with few input channels run edgepack's direct AVX-512
+kernel (edgepack/backends/ncnn/direct_conv_patch.py) and give onnxruntime's answer, on 1 and 2
+threads; CPUs without AVX-512 (Haswell, Nehalem) keep ncnn's kernels and must agree too. The layers
+reach every variant of the kernel: input packed 1, 4, 8 and 16 channels per pixel; output packed 8
+and 16; one or two registers of output channels, with an 8-channel half-block; 3x3 at stride 1 and 2,
+with and without padding; 1x1 unpadded (runs of pixels) and padded (rows); rows of 12-, 4- and
+1-pixel blocks; a fused activation; and, next to them, layers just past the break-even (16 channels
+at stride 1, 128 at stride 2) and a 1x1 to 12 channels, which keep ncnn's Winograd and GEMM."""
 from __future__ import annotations
 
 import json
@@ -20,12 +21,14 @@ from test_ncnn_thread_split import CPUS, _run
 
 # (out channels, kernel, stride, pad, relu): input 3 x 50 x 59
 LAYERS = [(16, 3, 2, 1, False),   # 3 -> 16: packed 1 in, 16 out, one register; 25 x 30: 12 + 12 + 4 + 1 + 1
-          (12, 1, 1, 0, False),   # to 12 channels (packed 4)
+          (12, 1, 1, 0, False),   # to 12 channels (packed 4): ncnn's GEMM
           (24, 3, 1, 1, True),    # 12 -> 24 stride 1: packed 4 in, 8 out, a half-filled second register; Relu fused
           (16, 3, 1, 1, False),   # 24 -> 16 stride 1: ncnn's Winograd (past the break-even)
           (40, 3, 2, 0, False),   # 16 -> 40 stride 2, no padding: packed 16 in, 8 out, 32 + 8 channels; 12 x 14
+          (48, 1, 1, 0, False),   # 1x1 40 -> 48 unpadded: packed 8 in, 16 out, 168 pixels in runs of 96 and 72
+          (24, 1, 1, 1, True),    # 1x1 48 -> 24 padded: by rows, 14 x 16 pixels
           (48, 1, 1, 0, False),
-          (96, 3, 2, 1, True),    # 48 -> 96: packed 16 in and out, three blocks of 32; 6 x 7: 4 + 1 + 1 + 1
+          (96, 3, 2, 1, True),    # 48 -> 96: packed 16 in and out, three blocks of 32; 7 x 8
           (32, 3, 2, 1, False),   # 96 -> 32: the largest input the kernel takes at stride 2
           (128, 1, 1, 0, False),
           (64, 3, 2, 1, False)]   # 128 -> 64: ncnn's GEMM (past the break-even)
@@ -78,48 +81,53 @@ def test_direct_kernel_layers_match_onnxruntime_on_every_x86_cpu(direct_model, t
 
 
 def _fma_order(x, w, b):
-    """The kernel's arithmetic: per output, bias then one fused multiply-add per (ic, ky, kx) in that
-    order, rounded to fp32 each time (the fp64 product of two fp32 values is exact)."""
-    cout, cin = w.shape[:2]
-    xp = np.pad(x[0].astype(np.float64), ((0, 0), (1, 1), (1, 1)))
+    """The kernel's arithmetic for a stride-1 layer padded to keep its size: per output, the bias,
+    then one fused multiply-add per (ic, ky, kx) in that order, rounded to fp32 each time (the fp64
+    product of two fp32 values is exact)."""
+    cout, cin, k = w.shape[:3]
+    xp = np.pad(x[0].astype(np.float64), ((0, 0), (k // 2, k // 2), (k // 2, k // 2)))
     hh, ww = x.shape[2], x.shape[3]
     acc = np.broadcast_to(b[:, None, None], (cout, hh, ww)).astype(np.float32)
     for ic in range(cin):
-        for ky in range(3):
-            for kx in range(3):
+        for ky in range(k):
+            for kx in range(k):
                 prod = w[:, ic, ky, kx].astype(np.float64)[:, None, None] * xp[ic, ky:ky + hh, kx:kx + ww][None]
                 acc = (acc.astype(np.float64) + prod).astype(np.float32)
     return acc[None]
 
 
 def test_the_avx512_build_runs_the_direct_kernel(tmp_path):
-    """One 12 -> 24 stride-1 layer: on AVX-512 the output is bit for bit the kernel's order of fused
-    multiply-adds; ncnn's AVX2 build runs it as Winograd, which is not. (qemu has no AVX-512 model, so
-    the kernel runs only where the machine has it.)"""
+    """A 12 -> 24 3x3 stride-1 layer, then a 24 -> 32 1x1: on AVX-512 the output is bit for bit the
+    kernel's order of fused multiply-adds; ncnn's AVX2 build runs the first as Winograd, which is not.
+    (qemu has no AVX-512 model, so the kernel runs only where the machine has it.)"""
     rng = np.random.default_rng(4)
     w = (rng.standard_normal((24, 12, 3, 3)) / 6).astype(np.float32)
     b = (rng.standard_normal(24) * 0.1).astype(np.float32)
+    w1 = (rng.standard_normal((32, 24, 1, 1)) / 5).astype(np.float32)
+    b1 = (rng.standard_normal(32) * 0.1).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)], "one",
+        [helper.make_node("Conv", ["x", "w", "b"], ["h"], kernel_shape=[3, 3], pads=[1] * 4),
+         helper.make_node("Conv", ["h", "w1", "b1"], ["y"], kernel_shape=[1, 1])], "two",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 20, 29])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 20, 29])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 20, 29])],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (w1, "w1"), (b1, "b1"))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    onnx.save(model, tmp_path / "one.onnx")
-    proc = run_edgepack("build", str(tmp_path / "one.onnx"), "--target", "x86_64", "--backend", "ncnn", "--fp32",
+    onnx.save(model, tmp_path / "two.onnx")
+    proc = run_edgepack("build", str(tmp_path / "two.onnx"), "--target", "x86_64", "--backend", "ncnn", "--fp32",
                         "--no-simplify", "--out", str(tmp_path / "out"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     x = rng.standard_normal((1, 12, 20, 29)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    exact = _fma_order(x, w, b)
-    native = _run(tmp_path / "out" / "one-x86_64", "native", 1, tmp_path / "x.npy", tmp_path / "n").reshape(exact.shape)
-    haswell = _run(tmp_path / "out" / "one-x86_64", "Haswell-noTSX", 1, tmp_path / "x.npy", tmp_path / "h")
-    assert not np.array_equal(haswell.reshape(exact.shape), exact)
+    exact = _fma_order(_fma_order(x, w, b), w1, b1)
+    art = tmp_path / "out" / "two-x86_64"
+    native = _run(art, "native", 1, tmp_path / "x.npy", tmp_path / "n").reshape(exact.shape)
+    haswell = _run(art, "Haswell-noTSX", 1, tmp_path / "x.npy", tmp_path / "h").reshape(exact.shape)
+    assert not np.array_equal(haswell, exact)
     if _native_has_avx512():
         np.testing.assert_array_equal(native, exact)
     else:  # (the AMD EPYC of earlier sessions) ncnn's AVX2 kernels, like Haswell's
-        np.testing.assert_array_equal(native, haswell.reshape(exact.shape))
+        np.testing.assert_array_equal(native, haswell)
 
 
 def _native_has_avx512() -> bool:

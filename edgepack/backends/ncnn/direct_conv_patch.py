@@ -1,26 +1,34 @@
-"""A direct AVX-512 kernel for ncnn's x86 3x3 convolutions with few input channels
+"""A direct AVX-512 kernel for ncnn's x86 1x1 convolutions and its 3x3 ones with few input channels
 (src/layer/x86/convolution_x86.cpp, convolution_x86.h).
 
-ncnn runs a 3x3 stride-1 layer with more than 8 channels on either side as Winograd, and a stride-2
-one as im2col + GEMM. Both pay off where K = 9 x input channels is large. On the early layers of a
-detector K is small and the feature map large: ddddocr_det's 12 -> 24 layer at 208 x 208 spends most
-of its time in Winograd's input and output transforms (47 GFLOP/s on one core of the AVX-512 Xeon,
-whose FMA peak is ~200), its 24 -> 48 stride-2 layer in im2col (62 GFLOP/s), where onnxruntime's
-direct NCHWc kernels reach ~160.
+ncnn runs a 3x3 stride-1 layer with more than 8 channels on either side as Winograd, a stride-2 one
+and every 1x1 as a GEMM (im2col first for the 3x3). Both pay off where K = input channels x 9 is
+large and the product big. Real detectors and classifiers are full of layers where it is not: on one
+core of the AVX-512 Xeon (FMA peak ~200 GFLOP/s), ddddocr_det's 12 -> 24 layer at 208 x 208 ran at
+36-47 GFLOP/s (Winograd's input and output transforms), its 24 -> 48 stride-2 layer at 50-62
+(im2col), its 48 -> 24 1x1 layers at 104 x 104 at 35, and the 1x1 layers of four corpus CNNs at
+55-130 (the GEMM packs both operands first); onnxruntime's direct NCHWc kernels reach ~160.
 
-The kernel here computes 32 output channels (two registers) x 12 output pixels of one row at a time:
-for every (input channel, ky, kx) it loads two weight vectors and broadcasts 12 input values, 24 FMAs
-from 14 loads, with the weights of a 32-channel block ([input channel x 9][32], zero-padded past the
-layer's channels) in L1. It reads the input in whatever packing ncnn gave it (1, 4, 8 or 16 channels
-per pixel) and writes 8- or 16-channel packing, so the layers around it are unchanged. Threads take
-runs of output rows, like the rest of thread_split_patch.py's layers.
+The kernel computes 32 output channels (two registers) x 12 output pixels of one row at a time: for
+every (input channel, ky, kx) it loads two weight vectors and broadcasts 12 input values, 24 FMAs
+from 14 loads, the weights of a 32-channel block ([input channel x k x k][32], zero-padded past the
+layer's channels) read in order. It reads the input in whatever packing ncnn gave it (1, 4, 8 or 16
+channels per pixel) and writes 8- or 16-channel packing, so the layers around it are unchanged.
+Threads take runs of output rows (3x3), or of pixels (unpadded 1x1, walked 96 pixels at a time),
+like the rest of thread_split_patch.py's layers.
 
-Taken where `ep_c3_wanted` says (3x3, dilation 1, stride 1 or 2, fp32 with packing, output channels a
-multiple of 8, fewer than 16 input channels at stride 1, at most 96 at stride 2: the measured
-break-even points, docs/backends.md "Direct 3x3 kernel"). The kernel sums each output over (input channel, ky,
-kx) in fp32 in that order: not bit-identical to Winograd or GEMM, so the build verifies against
-onnxruntime as for any kernel. Only the AVX-512 build of the layer has it (ncnn compiles
-convolution_x86.cpp once per ISA and picks one by CPUID), so AVX2 and SSE CPUs run ncnn's kernels.
+Taken where `ep_c3_wanted` says: fp32 with packing, output channels a multiple of 8, and
+- 3x3, dilation 1: stride 1 below 16 input channels, stride 2 up to 96 (per-layer break-even
+  measured on ddddocr_det and nudenet_320n: at stride 1 Winograd ties at 16 and wins at 32 and 64; at
+  stride 2 the direct kernel wins up to 96, loses at 128 and 192);
+- 1x1, stride 1, up to 768 input and 512 output channels: it won on all 96 such layers of
+  ddddocr_det, nudenet_320n, orientation and ppocr_v4_det (ties on two tiny ones); larger layers
+  were not measured.
+The kernel sums each output over (input channel, ky, kx) in fp32 in that order, one fused
+multiply-add each: not bit-identical to Winograd or GEMM, so the build verifies against onnxruntime
+as for any kernel (and tests/test_ncnn_direct_conv.py checks the order bit for bit). Only the AVX-512
+build of the layer has it (ncnn compiles convolution_x86.cpp once per ISA and picks one by CPUID), so
+AVX2 and SSE CPUs run ncnn's kernels.
 
 Applied as exact text edits that must each match, like source_patch.py. Only x86 builds compile
 these files, so only their cache key carries DIRECT_CONV_PATCH_KEY.
@@ -38,22 +46,25 @@ CONV_HEADER = "src/layer/x86/convolution_x86.h"
 
 _KERNEL = r'''
 #if __AVX512F__
-// edgepack (direct_conv_patch.py): direct 3x3 convolution for layers with few input channels.
+// edgepack (direct_conv_patch.py): direct 3x3 and 1x1 convolutions for layers with few input channels.
 static bool ep_c3_wanted(int num_input, int num_output, int kernel_w, int kernel_h, int dilation_w, int dilation_h, int stride_w, int stride_h, const Option& opt)
 {
-    if (!opt.use_packing_layout || opt.use_bf16_storage || kernel_w != 3 || kernel_h != 3 || dilation_w != 1 || dilation_h != 1)
+    if (!opt.use_packing_layout || opt.use_bf16_storage || dilation_w != 1 || dilation_h != 1 || stride_w != stride_h || num_output % 8 != 0)
         return false;
-    if (stride_w != stride_h || (stride_w != 1 && stride_w != 2) || num_output % 8 != 0)
-        return false;
-    // measured break-even (direct_conv_patch.py): Winograd wins from 16 input channels at stride 1,
-    // im2col + GEMM from 128 at stride 2
-    return stride_w == 1 ? num_input < 16 : num_input <= 96;
+    // 3x3, measured break-even (direct_conv_patch.py): Winograd wins from 16 input channels at
+    // stride 1, im2col + GEMM from 128 at stride 2
+    if (kernel_w == 3 && kernel_h == 3)
+        return stride_w == 1 ? num_input < 16 : stride_w == 2 && num_input <= 96;
+    // 1x1: faster than ncnn's GEMM on every layer measured (up to 768 -> 384 channels)
+    if (kernel_w == 1 && kernel_h == 1 && stride_w == 1)
+        return num_input <= 768 && num_output <= 512;
+    return false;
 }
 
-// wp: [ceil(num_output / 32)][num_input * 9][32], zero past num_output.
-static void ep_c3_pack_weights(const float* w, int num_input, int num_output, float* wp)
+// wp: [ceil(num_output / 32)][num_input * maxk][32], zero past num_output.
+static void ep_c3_pack_weights(const float* w, int num_input, int maxk, int num_output, float* wp)
 {
-    const int K = num_input * 9;
+    const int K = num_input * maxk;
     const int nb = (num_output + 31) / 32;
     memset(wp, 0, sizeof(float) * nb * K * 32);
     for (int oc = 0; oc < num_output; oc++)
@@ -61,9 +72,10 @@ static void ep_c3_pack_weights(const float* w, int num_input, int num_output, fl
             wp[((oc / 32) * K + k) * 32 + oc % 32] = w[oc * K + k];
 }
 
-// NP output pixels x NV registers of 16 output channels. kx is not unrolled: unrolled, the compiler
-// keeps each broadcast for the three kx that reuse it and spills the accumulators.
-template<int NP, int NV, int S, int EP>
+// NP output pixels x NV registers of 16 output channels, a KS x KS kernel at stride S over input
+// packed EP channels per pixel. kx is not unrolled: unrolled, the compiler keeps each broadcast for
+// the three kx that reuse it and spills the accumulators.
+template<int NP, int NV, int S, int EP, int KS>
 static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int num_input, const float* wp, const float* bias,
                                int oc0, int num_output, int oy, int ox, float* const* outg, int outw, int out_ep)
 {
@@ -77,13 +89,13 @@ static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int nu
     for (int ic = 0; ic < num_input; ic++)
     {
         const float* inp = in + (size_t)(ic / EP) * in_cstep + ic % EP;
-        _Pragma("unroll") for (int ky = 0; ky < 3; ky++)
+        _Pragma("unroll") for (int ky = 0; ky < KS; ky++)
         {
-            const float* row = inp + ((size_t)(oy * S + ky) * inw + ox * S) * EP;
-            _Pragma("nounroll") for (int kx = 0; kx < 3; kx++)
+            const float* row = inp + ((size_t)(oy * S + ky) * inw + (size_t)ox * S) * EP;
+            _Pragma("nounroll") for (int kx = 0; kx < KS; kx++)
             {
-                __m512 w0 = _mm512_loadu_ps(wk + (ky * 3 + kx) * 32);
-                __m512 w1 = NV > 1 ? _mm512_loadu_ps(wk + (ky * 3 + kx) * 32 + 16) : w0;
+                __m512 w0 = _mm512_loadu_ps(wk + (ky * KS + kx) * 32);
+                __m512 w1 = NV > 1 ? _mm512_loadu_ps(wk + (ky * KS + kx) * 32 + 16) : w0;
                 _Pragma("unroll") for (int p = 0; p < NP; p++)
                 {
                     __m512 x = _mm512_set1_ps(row[(p * S + kx) * EP]);
@@ -92,7 +104,7 @@ static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int nu
                 }
             }
         }
-        wk += 9 * 32;
+        wk += KS * KS * 32;
     }
     const size_t pix = (size_t)oy * outw + ox;
     _Pragma("unroll") for (int v = 0; v < NV; v++)
@@ -116,50 +128,74 @@ static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int nu
     }
 }
 
-template<int NV, int S, int EP>
+// output pixels [ox0, ox1) of row oy
+template<int NV, int S, int EP, int KS>
 static void ep_c3_row(const float* in, int inw, size_t in_cstep, int num_input, const float* wp, const float* bias,
-                      int oc0, int num_output, int oy, float* const* outg, int outw, int out_ep)
+                      int oc0, int num_output, int oy, int ox0, int ox1, float* const* outg, int outw, int out_ep)
 {
-    int ox = 0;
-    for (; ox + 12 <= outw; ox += 12)
-        ep_c3_block<12, NV, S, EP>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
-    for (; ox + 4 <= outw; ox += 4)
-        ep_c3_block<4, NV, S, EP>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
-    for (; ox < outw; ox++)
-        ep_c3_block<1, NV, S, EP>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
+    int ox = ox0;
+    for (; ox + 12 <= ox1; ox += 12)
+        ep_c3_block<12, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
+    for (; ox + 4 <= ox1; ox += 4)
+        ep_c3_block<4, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
+    for (; ox < ox1; ox++)
+        ep_c3_block<1, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
 }
 
-// in: the padded input, in_cstep floats between its channel groups of ep channels; wp and bias
-// (num_output rounded up to 32, zero-padded) from create_pipeline; outg[g]: output channel group g.
-static int ep_c3_forward(const float* in, int inw, size_t in_cstep, int ep, int num_input, const float* wp, const float* bias,
-                         int num_output, int stride, float* const* outg, int outw, int outh, int out_ep, int nthreads)
+// every 32-channel block of output pixels [ox0, ox1) of row oy
+static void ep_c3_span(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const float* wp, const float* bias,
+                       int num_output, int stride, int oy, int ox0, int ox1, float* const* outg, int outw, int out_ep)
 {
-    if ((ep != 1 && ep != 4 && ep != 8 && ep != 16) || (out_ep != 8 && out_ep != 16) || (stride != 1 && stride != 2))
-        return -1;
-    const int K = num_input * 9;
-    const int nb = (num_output + 31) / 32;
-    #pragma omp parallel for num_threads(nthreads)
-    for (int oy = 0; oy < outh; oy++)
+    const int K = num_input * ks * ks;
+    for (int oc0 = 0; oc0 < num_output; oc0 += 32)
     {
-        for (int b = 0; b < nb; b++)
+        const float* w = wp + (size_t)(oc0 / 32) * K * 32;
+        const bool two = num_output - oc0 > 16;
+#define EP_C3_ROW(NV, S, EP, KS) ep_c3_row<NV, S, EP, KS>(in, inw, in_cstep, num_input, w, bias + oc0, oc0, num_output, oy, ox0, ox1, outg, outw, out_ep)
+#define EP_C3_EP(NV, S, KS) if (ep == 1) EP_C3_ROW(NV, S, 1, KS); else if (ep == 4) EP_C3_ROW(NV, S, 4, KS); else if (ep == 8) EP_C3_ROW(NV, S, 8, KS); else EP_C3_ROW(NV, S, 16, KS)
+        if (ks == 1)
         {
-            const int oc0 = b * 32;
-            const float* w = wp + (size_t)b * K * 32;
-            const bool two = num_output - oc0 > 16;
-#define EP_C3_ROW(NV, S, EP) ep_c3_row<NV, S, EP>(in, inw, in_cstep, num_input, w, bias + oc0, oc0, num_output, oy, outg, outw, out_ep)
-#define EP_C3_EP(NV, S) if (ep == 1) EP_C3_ROW(NV, S, 1); else if (ep == 4) EP_C3_ROW(NV, S, 4); else if (ep == 8) EP_C3_ROW(NV, S, 8); else EP_C3_ROW(NV, S, 16)
-            if (stride == 1)
-            {
-                if (two) { EP_C3_EP(2, 1); } else { EP_C3_EP(1, 1); }
-            }
-            else
-            {
-                if (two) { EP_C3_EP(2, 2); } else { EP_C3_EP(1, 2); }
-            }
+            if (two) { EP_C3_EP(2, 1, 1); } else { EP_C3_EP(1, 1, 1); }
+        }
+        else if (stride == 1)
+        {
+            if (two) { EP_C3_EP(2, 1, 3); } else { EP_C3_EP(1, 1, 3); }
+        }
+        else
+        {
+            if (two) { EP_C3_EP(2, 2, 3); } else { EP_C3_EP(1, 2, 3); }
+        }
 #undef EP_C3_EP
 #undef EP_C3_ROW
-        }
     }
+}
+
+// in: the padded input (inw pixels wide), in_cstep floats between its channel groups of ep channels;
+// wp and bias (num_output rounded up to 32, zero-padded) from create_pipeline; outg[g]: output
+// channel group g. Threads take runs of output rows, or of pixels for an unpadded 1x1.
+static int ep_c3_forward(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const float* wp, const float* bias,
+                         int num_output, int stride, float* const* outg, int outw, int outh, int out_ep, int nthreads)
+{
+    if ((ep != 1 && ep != 4 && ep != 8 && ep != 16) || (out_ep != 8 && out_ep != 16) || !((ks == 3 && (stride == 1 || stride == 2)) || (ks == 1 && stride == 1)))
+        return -1;
+    if (ks == 1 && inw == outw)
+    {
+        // one run of pixels per thread, walked 96 pixels at a time so each stretch of input stays
+        // in cache while every block of output channels reads it
+        const int npix = outw * outh;
+        const int run = ((npix + nthreads - 1) / nthreads + 11) / 12 * 12;
+        #pragma omp parallel for num_threads(nthreads)
+        for (int t = 0; t < nthreads; t++)
+        {
+            const int end = (t + 1) * run < npix ? (t + 1) * run : npix;
+            for (int x0 = t * run; x0 < end; x0 += 96)
+                ep_c3_span(in, npix, in_cstep, ep, num_input, 1, wp, bias, num_output, 1, 0, x0, x0 + 96 < end ? x0 + 96 : end, outg, npix, out_ep);
+        }
+        return 0;
+    }
+    #pragma omp parallel for num_threads(nthreads)
+    for (int oy = 0; oy < outh; oy++)
+        ep_c3_span(in, inw, in_cstep, ep, num_input, ks, wp, bias, num_output, stride, oy, 0, outw, outg, outw, out_ep);
     return 0;
 }
 #endif // __AVX512F__
@@ -170,11 +206,11 @@ _CREATE = r'''
     if (ep_c3_wanted(num_input, num_output, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, opt))
     {
         const int nb = (num_output + 31) / 32;
-        weight_ep_c3.create(nb * num_input * 9 * 32, (size_t)4u);
+        weight_ep_c3.create(nb * num_input * kernel_w * kernel_h * 32, (size_t)4u);
         bias_ep_c3.create(nb * 32, (size_t)4u);
         if (weight_ep_c3.empty() || bias_ep_c3.empty())
             return -100;
-        ep_c3_pack_weights(weight_data, num_input, num_output, weight_ep_c3);
+        ep_c3_pack_weights(weight_data, num_input, kernel_w * kernel_h, num_output, weight_ep_c3);
         bias_ep_c3.fill(0.f);
         if (bias_term)
             memcpy(bias_ep_c3, bias_data, num_output * sizeof(float));
@@ -192,13 +228,13 @@ _FORWARD = r'''
 #if __AVX512F__
     if (!weight_ep_c3.empty())
     {
-        // create_pipeline chose the direct kernel (ep_c3_wanted): fp32, packed, 3x3
+        // create_pipeline chose the direct kernel (ep_c3_wanted): fp32, packed, 3x3 or 1x1
         if (elemsize != (size_t)4u * elempack)
             return -1;
         std::vector<float*> outg(top_blob.c);
         for (int g = 0; g < top_blob.c; g++)
             outg[g] = top_blob.channel(g);
-        int ret = ep_c3_forward(bottom_blob_bordered, w, bottom_blob_bordered.cstep * elempack, elempack, num_input, weight_ep_c3, bias_ep_c3,
+        int ret = ep_c3_forward(bottom_blob_bordered, w, bottom_blob_bordered.cstep * elempack, elempack, num_input, kernel_w, weight_ep_c3, bias_ep_c3,
                                 num_output, stride_w, outg.data(), outw, outh, out_elempack, opt.num_threads);
         if (ret != 0)
             return ret;
