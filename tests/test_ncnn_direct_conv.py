@@ -8,16 +8,12 @@ with and without padding; 1x1 unpadded (runs of pixels) and padded (rows); rows 
 at stride 1, 128 at stride 2) and a 1x1 to 12 channels, which keep ncnn's Winograd and GEMM."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_edgepack
-from test_ncnn_thread_split import CPUS, _run
+from test_ncnn_thread_split import _run, assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
 # (out channels, kernel, stride, pad, relu): input 3 x 50 x 59
 LAYERS = [(16, 3, 2, 1, False),   # 3 -> 16: packed 1 in, 16 out, one register; 25 x 30: 12 + 12 + 4 + 1 + 1
@@ -61,23 +57,9 @@ def direct_model(tmp_path_factory):
 
 
 def test_direct_kernel_layers_match_onnxruntime_on_every_x86_cpu(direct_model, tmp_path):
-    proc = run_edgepack("build", str(direct_model), "--target", "x86_64", "--backend", "ncnn", "--fp32",
-                        "--out", str(tmp_path / "out"), "--json")
-    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
-    art = tmp_path / "out" / "direct-x86_64"
+    art = build_fp32_ncnn(direct_model, tmp_path / "out")
     x = np.random.default_rng(8).standard_normal((1, 3, H, W)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    want = ort.InferenceSession(str(direct_model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    scale = float(np.abs(want).max())
-    assert scale > 0.1 and float(np.abs(want - np.median(want)).mean()) > 1e-3 * scale  # a live signal
-    for cpu in CPUS:
-        one = _run(art, cpu, 1, tmp_path / "x.npy", tmp_path / f"{cpu}-1")
-        two = _run(art, cpu, 2, tmp_path / "x.npy", tmp_path / f"{cpu}-2")
-        for threads, got in ((1, one), (2, two)):
-            err = float(np.abs(got.reshape(want.shape) - want).max())
-            assert err <= 1e-4 * scale, (cpu, threads, err)  # fp32: only the order of additions differs
-        np.testing.assert_array_equal(one, two, err_msg=cpu)  # each output row is one thread's, in one order
+    assert_matches_onnxruntime_on_every_cpu(direct_model, art, x, tmp_path)
 
 
 def _fma_order(x, w, b):
@@ -114,13 +96,10 @@ def test_the_avx512_build_runs_the_direct_kernel(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "two.onnx")
-    proc = run_edgepack("build", str(tmp_path / "two.onnx"), "--target", "x86_64", "--backend", "ncnn", "--fp32",
-                        "--no-simplify", "--out", str(tmp_path / "out"), "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    art = build_fp32_ncnn(tmp_path / "two.onnx", tmp_path / "out", "--no-simplify")
     x = rng.standard_normal((1, 12, 20, 29)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     exact = _fma_order(_fma_order(x, w, b), w1, b1)
-    art = tmp_path / "out" / "two-x86_64"
     native = _run(art, "native", 1, tmp_path / "x.npy", tmp_path / "n").reshape(exact.shape)
     haswell = _run(art, "Haswell-noTSX", 1, tmp_path / "x.npy", tmp_path / "h").reshape(exact.shape)
     assert not np.array_equal(haswell, exact)

@@ -93,18 +93,30 @@ def _run(art, cpu, threads, x_path, out):
     return np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
 
 
-def test_layers_split_by_pixels_match_onnxruntime_on_every_x86_cpu(conv_model, tmp_path):
-    proc = run_edgepack("build", str(conv_model), "--target", "x86_64", "--backend", "ncnn", "--fp32",
-                        "--out", str(tmp_path / "out"), "--json")
+def build_fp32_ncnn(model, out, *extra):
+    """The x86_64 NCNN artifact of `model`, fp32 (so only the kernels' order of additions can differ)."""
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", "--fp32", *extra,
+                        "--out", str(out), "--json")
     report = json.loads(proc.stdout) if proc.stdout.strip() else {}
     assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
-    art = tmp_path / "out" / "convs-x86_64"
+    return out / f"{model.stem}-x86_64"
+
+
+def test_layers_split_by_pixels_match_onnxruntime_on_every_x86_cpu(conv_model, tmp_path):
+    art = build_fp32_ncnn(conv_model, tmp_path / "out")
     layers = set(json.loads((tmp_path / "out" / "convs-x86_64.json").read_text())["backend"]["layers"])
     # (pnnx fuses Relu and Sigmoid into the convolution, which runs them as an in-place layer pass)
     assert {"Swish", "HardSwish", "TanH", "Slice", "Concat", "BinaryOp"} <= layers, layers
     x = np.random.default_rng(5).standard_normal((1, 3, 116, 100)).astype(np.float32)
+    assert_matches_onnxruntime_on_every_cpu(conv_model, art, x, tmp_path)
+
+
+def assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path):
+    """The fp32 artifact's output `y` for input `x` on every CPU model at 1 and 2 threads: within
+    1e-4 of onnxruntime's scale, and the same bits on 1 and 2 threads (every output element is summed
+    in the same order whichever thread computes it)."""
     np.save(tmp_path / "x.npy", x)
-    want = ort.InferenceSession(str(conv_model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     scale = float(np.abs(want).max())
     assert scale > 0.1 and float(np.abs(want - np.median(want)).mean()) > 1e-3 * scale  # a live signal
     for cpu in CPUS:
@@ -113,7 +125,6 @@ def test_layers_split_by_pixels_match_onnxruntime_on_every_x86_cpu(conv_model, t
         for threads, got in ((1, one), (2, two)):
             err = float(np.abs(got.reshape(want.shape) - want).max())
             assert err <= 1e-4 * scale, (cpu, threads, err)  # fp32: only the order of additions differs
-        # every output element is summed in the same order whichever thread computes it
         np.testing.assert_array_equal(one, two, err_msg=cpu)
 
 
