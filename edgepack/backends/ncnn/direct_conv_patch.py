@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .source_patch import apply_edits, edits_digest
+from .source_patch import apply_file_edits, file_edits_key
 
 DIRECT_CONV_PATCH_VERSION = 1  # part of the x86 libncnn cache key (library.py)
 
@@ -275,10 +275,9 @@ _HEADER_EDITS = (
 
 _FILE_EDITS = ((CONV_FILE, _CONV_EDITS), (CONV_HEADER, _HEADER_EDITS))
 
-DIRECT_CONV_PATCH_KEY = f"{DIRECT_CONV_PATCH_VERSION}-{edits_digest(*(e for _, e in _FILE_EDITS))}"
+DIRECT_CONV_PATCH_KEY = file_edits_key(DIRECT_CONV_PATCH_VERSION, _FILE_EDITS)
 
 
 def patch_direct_conv(src: Path) -> None:
     """Apply the edits to an unpacked ncnn source tree, in place."""
-    for name, edits in _FILE_EDITS:
-        apply_edits(src / name, edits, "direct_conv_patch.py")
+    apply_file_edits(src, _FILE_EDITS, "direct_conv_patch.py")

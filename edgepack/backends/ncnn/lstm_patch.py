@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .source_patch import apply_edits, edits_digest
+from .source_patch import apply_file_edits, file_edits_key
 
 LSTM_PATCH_VERSION = 2  # part of the x86 libncnn cache key (library.py); 2: fp16 W_hc under fp16 storage
 
@@ -234,10 +234,11 @@ _PIPELINE_EDITS = (("the end of create_pipeline", _PIPELINE_END, _HC_TO_FP16 + _
 LSTM_FILE = Path("src") / "layer" / "x86" / "lstm_fp32.h"
 
 
-LSTM_PATCH_KEY = f"{LSTM_PATCH_VERSION}-{edits_digest(_EDITS, _PIPELINE_EDITS)}"
+_FILE_EDITS = ((LSTM_FILE, _EDITS), (PIPELINE_FILE, _PIPELINE_EDITS))
+
+LSTM_PATCH_KEY = file_edits_key(LSTM_PATCH_VERSION, _FILE_EDITS)
 
 
 def patch_lstm(src: Path) -> None:
     """Apply the edits to an unpacked ncnn source tree, in place."""
-    apply_edits(src / LSTM_FILE, _EDITS, "lstm_patch.py")
-    apply_edits(src / PIPELINE_FILE, _PIPELINE_EDITS, "lstm_patch.py")
+    apply_file_edits(src, _FILE_EDITS, "lstm_patch.py")

@@ -213,6 +213,18 @@ def patch_source(src: Path) -> None:
     apply_edits(src / "src" / "simpleomp.cpp", _EDITS, "source_patch.py")
 
 
+def file_edits_key(version: int, file_edits) -> str:
+    """The cache-key part of a patch given as one table of (file, edits): the edits of a list that
+    several files share count once."""
+    return f"{version}-{edits_digest(*dict.fromkeys(edits for _, edits in file_edits))}"
+
+
+def apply_file_edits(src: Path, file_edits, module: str) -> None:
+    """Apply a table of (file under src, edits) to an unpacked ncnn source tree, in place."""
+    for name, edits in file_edits:
+        apply_edits(src / name, edits, module)
+
+
 def apply_edits(path: Path, edits, module: str) -> None:
     """Each (what, old, new, count) edit: ``old`` must occur exactly ``count`` times, else nothing is built."""
     text = path.read_text()

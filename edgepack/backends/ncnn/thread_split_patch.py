@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .source_patch import apply_edits, edits_digest
+from .source_patch import apply_file_edits, file_edits_key
 
 THREAD_SPLIT_PATCH_VERSION = 4  # part of the x86 libncnn cache key (library.py); 2: the direct kernel; 3: activations;
 #                                 4: binary ops, channel Concat and Slice
@@ -322,10 +322,9 @@ _FILE_EDITS = ((IM2COL_FILE, _IM2COL_EDITS), (WINOGRAD_FILE, _WINOGRAD_EDITS), (
                *((name, _ACTIVATION_EDITS) for name in ACTIVATION_FILES),
                (BINARYOP_FILE, _BINARYOP_EDITS), (CONCAT_FILE, _CONCAT_EDITS), (SLICE_FILE, _SLICE_EDITS))
 
-THREAD_SPLIT_PATCH_KEY = f"{THREAD_SPLIT_PATCH_VERSION}-{edits_digest(*dict.fromkeys(e for _, e in _FILE_EDITS))}"
+THREAD_SPLIT_PATCH_KEY = file_edits_key(THREAD_SPLIT_PATCH_VERSION, _FILE_EDITS)
 
 
 def patch_thread_split(src: Path) -> None:
     """Apply the edits to an unpacked ncnn source tree, in place."""
-    for name, edits in _FILE_EDITS:
-        apply_edits(src / name, edits, "thread_split_patch.py")
+    apply_file_edits(src, _FILE_EDITS, "thread_split_patch.py")
