@@ -3,8 +3,10 @@ thread_split_patch.py) give onnxruntime's answer on every x86 CPU model the arti
 and 2 threads: AVX-512 (native here, N tiles of 16), AVX2 (Haswell, 12) and SSE2 only (Nehalem, 4)
 each run a different copy of the patched loops. The layers reach each path: a 3-channel first layer
 into 16 channels (ncnn's direct kernel, one block of 16 cut into row runs), 1x1 and strided 3x3
-products with few output channels and many pixels (split by N; 24 and 48 channels are the uneven
-M tiles), 3x3 stride-1 layers that ncnn runs as Winograd (split, and not split where the tiles are
+products with few output channels and many pixels (split by N; 24, 48 and 112 channels are uneven
+M tiles; on AVX-512 ncnn's direct kernel and most of these products give way to
+direct_conv_patch.py's kernel, and the 160 -> 112 stride-2 layer is the product split by N there),
+3x3 stride-1 layers that ncnn runs as Winograd (split, and not split where the tiles are
 fewer than the channels), a 1x1 with more channels than pixels (ncnn's own loop), and pixel counts
 that are not a multiple of any tile; after each, an activation layer that the patch also splits; and
 channel Slices and Concats, a same-shape Add and an in-place scalar Mul, which the patch shares by
@@ -28,7 +30,9 @@ CPUS = ["native", "Haswell-noTSX", "Nehalem"]
 # (out channels, kernel, stride): input 3 x 116 x 100
 # each followed by one of these (ncnn's activation layers, split by pixels as the convolutions are)
 ACTIVATIONS = ["Swish", "HardSwish", "Sigmoid", "Relu", "Tanh"]
-LAYERS = [(16, 3, 2), (32, 1, 1), (24, 3, 1), (48, 3, 2), (160, 1, 1), (64, 3, 1), (256, 1, 2), (40, 3, 1)]
+# (on AVX-512 the first layer, the stride-2 48-channel one and the stride-1 1x1s take direct_conv_patch.py's
+# kernel instead; 160 -> 112 at stride 2 keeps im2col-gemm there, split by N)
+LAYERS = [(16, 3, 2), (32, 1, 1), (24, 3, 1), (48, 3, 2), (160, 1, 1), (112, 3, 2), (64, 3, 1), (256, 1, 2), (40, 3, 1)]
 
 
 def _split_add_concat(nodes, inits, name, cin):
@@ -45,7 +49,7 @@ def _split_add_concat(nodes, inits, name, cin):
 
 
 def _swap_halves(nodes, inits, name, cin):
-    """The channel halves swapped (Slice, Concat) at 15 x 13 pixels by 256 channels: shared by channels."""
+    """The channel halves swapped (Slice, Concat) at 8 x 7 pixels by 256 channels: shared by channels."""
     inits.append(numpy_helper.from_array(np.array([cin // 2, cin // 2], np.int64), "swap_halves"))
     nodes += [helper.make_node("Split", [name, "swap_halves"], ["g0", "g1"], axis=1),
               helper.make_node("Concat", ["g1", "g0"], ["g_cat"], axis=1)]
@@ -53,7 +57,7 @@ def _swap_halves(nodes, inits, name, cin):
 
 
 # after these layers: copies, binary ops (split by pixels or by channels as the tensor's shape says)
-SHUFFLES = {1: _split_add_concat, 6: _swap_halves}
+SHUFFLES = {1: _split_add_concat, 7: _swap_halves}
 
 
 @pytest.fixture(scope="module")
