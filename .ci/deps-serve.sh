@@ -7,11 +7,12 @@
 #   chromium-driver  its WebDriver, used by selenium (no browser download)
 #   wrk              optional HTTP load tool to cross-check bench/bench_serve.py
 #   gcc              host compiler for the ASan/UBSan parser fuzzers (tests/test_fuzz_*.py)
+#   g++              host C++ compiler for the arena stress driver (tests/test_arena_pool.py)
 #   selenium         drives chromium from Python (pinned; 4.52.0 needs a newer certifi than available)
 #   pillow           the tests' independent image decoder for the onnxruntime + numpy reference
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=.ci/lib.sh
 source .ci/lib.sh  # after the cd above: paths are from the repository root
-apt_install libstb-dev chromium chromium-driver wrk gcc
+apt_install libstb-dev chromium chromium-driver wrk gcc g++
 "$PYTHON" -m pip install "selenium==4.50.0" "pillow==13.0.0"

@@ -444,7 +444,7 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
             engine = backend.compile(CompileRequest(model, target, rung, workdir / "compile", tc,
                                                     lambda m: log(f"[{target.name}] {m}"), opts.tuning_db))
         from .backends.ncnn.memory import apply_memory_mode
-        engine = apply_memory_mode(engine, opts.memory, workdir / "memory")
+        engine = apply_memory_mode(engine, opts.memory, workdir / "memory", target.arch)
         # one bound policy for every backend and precision, in the verification and the selftest alike
         engine = dataclasses.replace(engine, tolerance=POLICY)
         kept = engine.manifest.get("precision") or engine.manifest.get("compute_precision") or rung

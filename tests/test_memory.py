@@ -10,10 +10,15 @@ bound sits between them, so the old path fails this test.
 
 ncnn keeps a 3x3 convolution's Winograd F(4,3) kernel at 4x its fp32 weights for the net's life;
 `--memory lean` masks Winograd (param key 31) on layers whose kernel exceeds 1 MiB, so a stack of
-128->128 3x3 convolutions (2.25 MiB kernels each) holds its plain weights instead."""
+128->128 3x3 convolutions (2.25 MiB kernels each) holds its plain weights instead.
+
+On x86 lean also hands every layer the direct kernel can run to it, which keeps weights that convert
+exactly to fp16 (pnnx's usual storage) as fp16: half the bytes, the same sums bit for bit."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -108,3 +113,66 @@ def test_memory_lean_drops_the_large_winograd_kernels(tmp_path):
     # the fast build holds the F(4,3) kernels (13.5 MiB); lean holds the 3.4 MiB of plain weights
     # instead: at least 3/4 of the difference must show in the peak, or the mask did not reach ncnn
     assert lean_peak < fast_peak - 0.75 * saved, (fast_peak / 2**20, lean_peak / 2**20, saved / 2**20)
+
+
+PW_LAYERS, PW_CH, PW_HW = 6, 512, 8  # 6 x 512->512 1x1: 6 MiB of fp32 weights, all fp16-exact
+
+
+def pointwise_stack(path: Path) -> Path:
+    rng = np.random.default_rng(11)
+    nodes, inits, x = [], [], "x"
+    for i in range(PW_LAYERS):
+        # values an fp16 holds exactly, stored as fp32 (--fp32 embeds them as they are)
+        w = (rng.standard_normal((PW_CH, PW_CH, 1, 1)) / np.sqrt(PW_CH)).astype(np.float16).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}"),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    g = helper.make_graph(nodes, "pw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, PW_CH, PW_HW, PW_HW])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, PW_CH, PW_HW, PW_HW])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, str(path))
+    return path
+
+
+def run_output(artifact: str, x: Path, out: Path) -> np.ndarray:
+    subprocess.run([artifact, "run", "--input", str(x), "--output", str(out), "--threads", "1"],
+                   capture_output=True, text=True, timeout=300, check=True)
+    return np.load(out / f"r{PW_LAYERS - 1}.npy")
+
+
+def test_memory_lean_keeps_exact_fp16_weights_at_half_the_bytes(tmp_path):
+    """Both builds run these 1x1 layers in the direct kernel on AVX-512: fast from fp32 weights, lean
+    from fp16 ones. The outputs must be equal bit for bit (the conversion lost nothing) and lean's
+    peak must be lower by most of the 3 MiB that fp16 saves. Without AVX-512 (ncnn's own kernels
+    either way) only the outputs are compared, within the verification bound."""
+    model = pointwise_stack(tmp_path / "pw.onnx")
+    fast, fast_peak = build_and_measure(model, tmp_path / "fast", "fast")
+    lean, lean_peak = build_and_measure(model, tmp_path / "lean", "lean")
+    assert lean["backend"]["lean_direct_kernel"] is True
+    assert len(lean["backend"]["winograd_masked_layers"]) == PW_LAYERS
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(2).standard_normal((1, PW_CH, PW_HW, PW_HW)).astype(np.float32))
+    y_fast = run_output(str(tmp_path / "fast" / "pw-x86_64"), x, tmp_path / "o_fast")
+    y_lean = run_output(str(tmp_path / "lean" / "pw-x86_64"), x, tmp_path / "o_lean")
+    if "avx512f" not in Path("/proc/cpuinfo").read_text():
+        np.testing.assert_allclose(y_lean, y_fast, rtol=0, atol=1e-4 * float(np.abs(y_fast).max()))
+        return
+    assert np.array_equal(y_fast, y_lean)
+    # what each holds after a run (the peak comes while loading, when the embedded fp32 weights are
+    # mapped in too, and is the same for both)
+    held = {name: resident_after_run(str(tmp_path / name / "pw-x86_64")) for name in ("fast", "lean")}
+    half = PW_LAYERS * PW_CH * PW_CH * 2
+    assert held["lean"] < held["fast"] - 0.75 * half, {k: v / 2**20 for k, v in held.items()}
+    assert lean_peak <= fast_peak
+
+
+def resident_after_run(artifact: str) -> int:
+    """VmRSS in bytes after one run, from the engine's EDGEPACK_NCNN_TRACE line."""
+    proc = subprocess.run([artifact, "bench", "--runs", "1", "--warmup", "0", "--threads", "1"], capture_output=True,
+                          text=True, timeout=300, check=True, env={**os.environ, "EDGEPACK_NCNN_TRACE": "1"})
+    found = re.findall(r"ncnn-trace: ran VmRSS=(\d+) kB", proc.stderr)
+    assert found, proc.stderr[-2000:]
+    return int(found[-1]) * 1024

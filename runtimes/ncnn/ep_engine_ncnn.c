@@ -23,6 +23,10 @@
 #include "ncnn/c_api.h"
 
 ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_pool.cc */
+ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve);        /* ep_ncnn_pool.cc */
+/* address space the arena reserves (not memory: only pages touched count); a net whose tensors
+ * outgrow it takes the rest from malloc */
+#define EP_NCNN_ARENA_RESERVE ((size_t)1 << 33)
 
 typedef struct {
     const ep_model_spec *spec;
@@ -144,7 +148,7 @@ static void trace(const char *stage) {
 }
 
 /* ncnn's x86/Arm switches, from a comma-separated "key=value" list: winograd, sgemm, packing,
- * fp16 (storage), 0 or 1; pool=best<N> (ep_ncnn_pool.cc; best300 is the engine's default), local
+ * fp16 (storage), 0 or 1; pool=arena (ep_ncnn_pool.cc, the engine's default), best<N> (its best-fit pool), local
  * (ncnn's own per-net first-fit pools, ncnn's default), shared (one PoolAllocator
  * each for blobs and workspace), one (a single PoolAllocator for both), unlocked (UnlockedPoolAllocator), none (plain malloc). Read from
  * EDGEPACK_NCNN_OPTIONS, for measuring where time and memory go (bench/bench_memory.py --switches):
@@ -166,7 +170,8 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
             ncnn_option_set_use_bf16_packed(e->opt, sw.on);
         } else if (sw.key == EP_NCNN_SW_POOL) {
             int shared = sw.pool == EP_NCNN_POOL_SHARED, unlocked = sw.pool == EP_NCNN_POOL_UNLOCKED;
-            int best = sw.pool == EP_NCNN_POOL_BEST, one = sw.pool == EP_NCNN_POOL_ONE || best;
+            int arena = sw.pool == EP_NCNN_POOL_ARENA;
+            int best = sw.pool == EP_NCNN_POOL_BEST || arena, one = sw.pool == EP_NCNN_POOL_ONE || best;
             ncnn_option_set_use_local_pool_allocator(e->opt, sw.pool == EP_NCNN_POOL_LOCAL);
             if (e->blob_alloc) {  /* a second pool= replaces the first */
                 ncnn_option_set_blob_allocator(e->opt, NULL);
@@ -176,9 +181,11 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
                 e->blob_alloc = e->work_alloc = NULL;
             }
             if (shared || unlocked || one) {
-                e->blob_alloc = best       ? ep_ncnn_best_fit_pool_create(sw.slack)
-                                : unlocked ? ncnn_allocator_create_unlocked_pool_allocator()
-                                           : ncnn_allocator_create_pool_allocator();
+                e->blob_alloc = arena ? ep_ncnn_arena_pool_create(EP_NCNN_ARENA_RESERVE) : NULL;
+                if (!e->blob_alloc)  /* an arena cannot be reserved under a strict overcommit policy */
+                    e->blob_alloc = best       ? ep_ncnn_best_fit_pool_create(arena ? 300 : sw.slack)
+                                    : unlocked ? ncnn_allocator_create_unlocked_pool_allocator()
+                                               : ncnn_allocator_create_pool_allocator();
                 e->work_alloc = one ? NULL : unlocked ? ncnn_allocator_create_unlocked_pool_allocator()
                                                       : ncnn_allocator_create_pool_allocator();
                 if (!e->blob_alloc || (!one && !e->work_alloc)) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
@@ -222,11 +229,11 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
      * unless the build verified it ("1"), or this option is absent (artifacts built before it). */
     if (strcmp(ep_option_get(spec, "ncnn.fp16_arithmetic", "1"), "0") == 0)
         ncnn_option_set_use_fp16_arithmetic(e->opt, 0);
-    /* ep_ncnn_pool.cc's best-fit pool for blobs and workspace instead of ncnn's first-fit local
-     * pools: same speed, and it stops growing after the first run (bench peak, 10 runs: ppocr_v4_det
-     * 59.2 -> 43.7 MB, nudenet_320n 55.9 -> 51.0 MB; slack 300% measured best of 0-1000%,
-     * docs/benchmarks.md, memory) */
-    int swrc = apply_switches(e, "pool=best300", st);
+    /* ep_ncnn_pool.cc's first-fit arena for blobs and workspace instead of ncnn's first-fit local
+     * pools: it stops growing after the first run and holds little more than the live tensors
+     * (nudenet_320n, bench peak: ncnn's pools 55.9 MB, the best-fit pool 49.2, the arena 45.4, and
+     * 5% faster; docs/benchmarks.md, memory) */
+    int swrc = apply_switches(e, "pool=arena", st);
     if (!swrc) swrc = apply_switches(e, getenv("EDGEPACK_NCNN_OPTIONS"), st);
     if (swrc) {
         ncnn_close(e);

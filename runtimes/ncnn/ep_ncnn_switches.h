@@ -31,6 +31,7 @@ typedef enum {
     EP_NCNN_POOL_ONE,       /* one PoolAllocator for both */
     EP_NCNN_POOL_UNLOCKED,  /* UnlockedPoolAllocators */
     EP_NCNN_POOL_BEST,      /* ep_ncnn_pool.cc's best-fit pool (for both), with slack */
+    EP_NCNN_POOL_ARENA,     /* ep_ncnn_pool.cc's first-fit arena (for both) */
 } ep_ncnn_pool_kind;
 
 typedef struct {
@@ -72,6 +73,7 @@ static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status 
         else if (strcmp(v, "shared") == 0) sw->pool = EP_NCNN_POOL_SHARED;
         else if (strcmp(v, "one") == 0) sw->pool = EP_NCNN_POOL_ONE;
         else if (strcmp(v, "unlocked") == 0) sw->pool = EP_NCNN_POOL_UNLOCKED;
+        else if (strcmp(v, "arena") == 0) sw->pool = EP_NCNN_POOL_ARENA;
         else {
             int ok = strncmp(v, "best", 4) == 0;
             if (ok && v[4]) {
@@ -84,7 +86,7 @@ static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status 
             if (!ok) {
                 sw->key = EP_NCNN_SW_END;
                 return ep_fail(st, EP_ERR_MODEL,
-                               "EDGEPACK_NCNN_OPTIONS: pool=%s: best, local, shared, one, unlocked or none", v);
+                               "EDGEPACK_NCNN_OPTIONS: pool=%s: arena, best, local, shared, one, unlocked or none", v);
             }
             sw->pool = EP_NCNN_POOL_BEST;
         }

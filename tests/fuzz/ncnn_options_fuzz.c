@@ -34,7 +34,7 @@ static int parse_all(const char *list, ep_ncnn_switch *out, int cap) {
         if (sw.key == EP_NCNN_SW_END) return (int)i;
         if (sw.key > EP_NCNN_SW_POOL) fuzz_fail("key out of range");
         if (sw.on != 0 && sw.on != 1) fuzz_fail("on is neither 0 nor 1");
-        if (sw.key == EP_NCNN_SW_POOL && (sw.pool > EP_NCNN_POOL_BEST || sw.slack > 1000))
+        if (sw.key == EP_NCNN_SW_POOL && (sw.pool > EP_NCNN_POOL_ARENA || sw.slack > 1000))
             fuzz_fail("pool kind or slack out of range");
         if (cur != NULL && (cur <= before || cur > stop)) fuzz_fail("the cursor did not move forward inside the list");
         if ((int)i < cap) out[i] = sw;
@@ -56,7 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
 #ifndef EP_LIBFUZZER
 static const char *const TOKENS[] = {"winograd=", "sgemm=", "packing=", "fp16=", "bf16=", "pool=", "best", "best300",
-                                     "local", "shared", "one", "unlocked", "none", "=1", "=0", ",", ",,", "=",
+                                     "local", "shared", "one", "unlocked", "none", "arena", "=1", "=0", ",", ",,", "=",
                                      "1000", "1001", "99999999999999999999", "-1", " 5", "+5"};
 
 /* known lists -> (items or -1 for an error, first item's key, on, pool, slack) */
@@ -75,6 +75,7 @@ static const struct {
     {"pool=best1000", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_BEST, 1000},
     {"pool=local,pool=unlocked", 2, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_LOCAL, 100},
     {"pool=none", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_NONE, 100},
+    {"pool=arena", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_ARENA, 100},
     {"pool=best1001", -1, 0, 0, 0, 0},
     {"pool=best-5", -1, 0, 0, 0, 0},
     {"pool=best 5", -1, 0, 0, 0, 0},

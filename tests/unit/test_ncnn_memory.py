@@ -39,3 +39,26 @@ def test_kernel_size_follows_ncnns_dynamic_shape_choice(cin, cout, tiles):
 
 def test_limit_is_one_mib():
     assert KERNEL_LIMIT == 2**20
+
+
+DIRECT_PARAM = """7767517
+7 7
+Input            in0      0 1 in0
+Convolution      s1       1 1 in0 a 0=32 1=3 11=3 12=1 13=1 14=1 2=1 3=1 4=1 5=1 6=9216
+Convolution      s2       1 1 a b 0=64 1=3 11=3 12=1 13=2 14=1 2=1 3=2 4=1 5=1 6=18432
+Convolution      pw       1 1 b c 0=128 1=1 11=1 12=1 13=1 14=0 2=1 3=1 4=0 5=1 6=8192
+Convolution      head     1 1 c d 0=18 1=1 11=1 12=1 13=1 14=0 2=1 3=1 4=0 5=1 6=2304
+Convolution      dilated  1 1 d e 0=32 1=3 11=3 12=2 13=1 14=2 2=2 3=1 4=2 5=1 6=5184
+Convolution      k5       1 1 e out0 0=32 1=5 11=5 12=1 13=1 14=2 2=1 3=1 4=2 5=1 6=25600
+"""
+
+
+def test_x86_lean_hands_every_layer_the_direct_kernel_takes_to_it():
+    text, masked, saved = lean_param(DIRECT_PARAM, direct=True)
+    # an 18-channel head, a dilated and a 5x5 layer are not the kernel's (ep_c3_wanted)
+    assert masked == ["s1", "s2", "pw"]
+    lines = {ln.split()[1]: ln for ln in text.splitlines() if ln.startswith("Convolution")}
+    assert all(fields(lines[n])["31"] == str(NO_WINOGRAD) for n in masked)
+    assert saved == 32 * 32 * 64 * 4 - 9216 * 4  # s1's F(6,3) kernel; s2 and pw had none
+    # Arm has no direct kernel: only the large-kernel rule applies
+    assert lean_param(DIRECT_PARAM)[1] == []

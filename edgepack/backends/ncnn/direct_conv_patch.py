@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-DIRECT_CONV_PATCH_VERSION = 1  # part of the x86 libncnn cache key (library.py)
+DIRECT_CONV_PATCH_VERSION = 2  # part of the x86 libncnn cache key (library.py)
 
 CONV_FILE = "src/layer/x86/convolution_x86.cpp"
 CONV_HEADER = "src/layer/x86/convolution_x86.h"
@@ -51,6 +51,10 @@ static bool ep_c3_wanted(int num_input, int num_output, int kernel_w, int kernel
 {
     if (!opt.use_packing_layout || opt.use_bf16_storage || dilation_w != 1 || dilation_h != 1 || stride_w != stride_h || num_output % 8 != 0)
         return false;
+    // `--memory lean` (memory.py) masks Winograd on every layer it wants here: no transformed
+    // kernels, no im2col or GEMM workspace, whatever the break-even
+    if (!opt.use_winograd_convolution)
+        return (kernel_w == 3 && kernel_h == 3 && (stride_w == 1 || stride_w == 2)) || (kernel_w == 1 && kernel_h == 1 && stride_w == 1);
     // 3x3, measured break-even (direct_conv_patch.py): Winograd wins from 16 input channels at
     // stride 1, im2col + GEMM from 128 at stride 2
     if (kernel_w == 3 && kernel_h == 3)
@@ -61,23 +65,68 @@ static bool ep_c3_wanted(int num_input, int num_output, int kernel_w, int kernel
     return false;
 }
 
-// wp: [ceil(num_output / 32)][num_input * maxk][32], zero past num_output.
-static void ep_c3_pack_weights(const float* w, int num_input, int maxk, int num_output, float* wp)
+// Whether each of the n weights survives a round trip through fp16. pnnx stores weights as fp16
+// unless a build asks for fp32, so the kernel can usually keep the same values at half the bytes.
+static bool ep_c3_fp16_exact(const float* w, size_t n)
+{
+    for (size_t i = 0; i < n; i += 16)
+    {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, w + i);
+        __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if (_mm512_cmp_ps_mask(_mm512_cvtph_ps(h), v, _CMP_EQ_OQ) != 0xffff)
+            return false;
+    }
+    return true;
+}
+
+// 16 floats into the packed weights, as they are or as fp16 (exact: ep_c3_fp16_exact said so)
+static inline void ep_c3_store(const float* src, float* dst)
+{
+    _mm512_storeu_ps(dst, _mm512_loadu_ps(src));
+}
+
+static inline void ep_c3_store(const float* src, unsigned short* dst)
+{
+    _mm256_storeu_si256((__m256i*)dst, _mm512_cvtps_ph(_mm512_loadu_ps(src), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// wp: [ceil(num_output / 32)][num_input * maxk][32], zero past num_output; one block of 32 output
+// channels at a time through an fp32 scratch row, so no fp32 copy of the whole layer is made.
+template<typename W>
+static void ep_c3_pack_weights(const float* w, int num_input, int maxk, int num_output, W* wp)
 {
     const int K = num_input * maxk;
-    const int nb = (num_output + 31) / 32;
-    memset(wp, 0, sizeof(float) * nb * K * 32);
-    for (int oc = 0; oc < num_output; oc++)
+    float row[32];
+    for (int oc0 = 0; oc0 < num_output; oc0 += 32)
+    {
         for (int k = 0; k < K; k++)
-            wp[((oc / 32) * K + k) * 32 + oc % 32] = w[oc * K + k];
+        {
+            for (int j = 0; j < 32; j++)
+                row[j] = oc0 + j < num_output ? w[(size_t)(oc0 + j) * K + k] : 0.f;
+            W* dst = wp + ((size_t)(oc0 / 32) * K + k) * 32;
+            ep_c3_store(row, dst);
+            ep_c3_store(row + 16, dst + 16);
+        }
+    }
+}
+
+static inline __m512 ep_c3_w(const float* p)
+{
+    return _mm512_loadu_ps(p);
+}
+
+static inline __m512 ep_c3_w(const unsigned short* p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
 }
 
 // NP output pixels x NV registers of 16 output channels, a KS x KS kernel at stride S over input
 // packed EP channels per pixel. kx is not unrolled: unrolled, the compiler keeps each broadcast for
 // the three kx that reuse it and spills the accumulators.
-template<int NP, int NV, int S, int EP, int KS>
-static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int num_input, const float* wp, const float* bias,
-                               int oc0, int num_output, int oy, int ox, float* const* outg, int outw, int out_ep)
+template<typename W, int NP, int NV, int S, int EP, int KS>
+static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int num_input, const W* wp, const float* bias,
+                               int oc0, int num_output, int oy, int ox, float* out, size_t out_cstep, int outw, int out_ep)
 {
     __m512 acc[NV][NP];
     _Pragma("unroll") for (int v = 0; v < NV; v++)
@@ -85,7 +134,7 @@ static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int nu
         __m512 b = _mm512_loadu_ps(bias + v * 16);
         _Pragma("unroll") for (int p = 0; p < NP; p++) acc[v][p] = b;
     }
-    const float* wk = wp;
+    const W* wk = wp;
     for (int ic = 0; ic < num_input; ic++)
     {
         const float* inp = in + (size_t)(ic / EP) * in_cstep + ic % EP;
@@ -94,8 +143,8 @@ static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int nu
             const float* row = inp + ((size_t)(oy * S + ky) * inw + (size_t)ox * S) * EP;
             _Pragma("nounroll") for (int kx = 0; kx < KS; kx++)
             {
-                __m512 w0 = _mm512_loadu_ps(wk + (ky * KS + kx) * 32);
-                __m512 w1 = NV > 1 ? _mm512_loadu_ps(wk + (ky * KS + kx) * 32 + 16) : w0;
+                __m512 w0 = ep_c3_w(wk + (ky * KS + kx) * 32);
+                __m512 w1 = NV > 1 ? ep_c3_w(wk + (ky * KS + kx) * 32 + 16) : w0;
                 _Pragma("unroll") for (int p = 0; p < NP; p++)
                 {
                     __m512 x = _mm512_set1_ps(row[(p * S + kx) * EP]);
@@ -112,16 +161,16 @@ static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int nu
         const int oc = oc0 + v * 16;
         if (out_ep == 16)
         {
-            float* o = outg[oc / 16] + pix * 16;
+            float* o = out + (size_t)(oc / 16) * out_cstep + pix * 16;
             _Pragma("unroll") for (int p = 0; p < NP; p++) _mm512_storeu_ps(o + p * 16, acc[v][p]);
         }
         else
         {
-            float* o0 = outg[oc / 8] + pix * 8;
+            float* o0 = out + (size_t)(oc / 8) * out_cstep + pix * 8;
             _Pragma("unroll") for (int p = 0; p < NP; p++) _mm256_storeu_ps(o0 + p * 8, _mm512_castps512_ps256(acc[v][p]));
             if (oc + 8 < num_output)
             {
-                float* o1 = outg[oc / 8 + 1] + pix * 8;
+                float* o1 = o0 + out_cstep;
                 _Pragma("unroll") for (int p = 0; p < NP; p++) _mm256_storeu_ps(o1 + p * 8, _mm512_extractf32x8_ps(acc[v][p], 1));
             }
         }
@@ -129,29 +178,30 @@ static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int nu
 }
 
 // output pixels [ox0, ox1) of row oy
-template<int NV, int S, int EP, int KS>
-static void ep_c3_row(const float* in, int inw, size_t in_cstep, int num_input, const float* wp, const float* bias,
-                      int oc0, int num_output, int oy, int ox0, int ox1, float* const* outg, int outw, int out_ep)
+template<typename W, int NV, int S, int EP, int KS>
+static void ep_c3_row(const float* in, int inw, size_t in_cstep, int num_input, const W* wp, const float* bias,
+                      int oc0, int num_output, int oy, int ox0, int ox1, float* out, size_t out_cstep, int outw, int out_ep)
 {
     int ox = ox0;
     for (; ox + 12 <= ox1; ox += 12)
-        ep_c3_block<12, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
+        ep_c3_block<W, 12, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, out, out_cstep, outw, out_ep);
     for (; ox + 4 <= ox1; ox += 4)
-        ep_c3_block<4, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
+        ep_c3_block<W, 4, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, out, out_cstep, outw, out_ep);
     for (; ox < ox1; ox++)
-        ep_c3_block<1, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, outg, outw, out_ep);
+        ep_c3_block<W, 1, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, out, out_cstep, outw, out_ep);
 }
 
 // every 32-channel block of output pixels [ox0, ox1) of row oy
-static void ep_c3_span(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const float* wp, const float* bias,
-                       int num_output, int stride, int oy, int ox0, int ox1, float* const* outg, int outw, int out_ep)
+template<typename W>
+static void ep_c3_span(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const W* wp, const float* bias,
+                       int num_output, int stride, int oy, int ox0, int ox1, float* out, size_t out_cstep, int outw, int out_ep)
 {
     const int K = num_input * ks * ks;
     for (int oc0 = 0; oc0 < num_output; oc0 += 32)
     {
-        const float* w = wp + (size_t)(oc0 / 32) * K * 32;
+        const W* w = wp + (size_t)(oc0 / 32) * K * 32;
         const bool two = num_output - oc0 > 16;
-#define EP_C3_ROW(NV, S, EP, KS) ep_c3_row<NV, S, EP, KS>(in, inw, in_cstep, num_input, w, bias + oc0, oc0, num_output, oy, ox0, ox1, outg, outw, out_ep)
+#define EP_C3_ROW(NV, S, EP, KS) ep_c3_row<W, NV, S, EP, KS>(in, inw, in_cstep, num_input, w, bias + oc0, oc0, num_output, oy, ox0, ox1, out, out_cstep, outw, out_ep)
 #define EP_C3_EP(NV, S, KS) if (ep == 1) EP_C3_ROW(NV, S, 1, KS); else if (ep == 4) EP_C3_ROW(NV, S, 4, KS); else if (ep == 8) EP_C3_ROW(NV, S, 8, KS); else EP_C3_ROW(NV, S, 16, KS)
         if (ks == 1)
         {
@@ -171,10 +221,12 @@ static void ep_c3_span(const float* in, int inw, size_t in_cstep, int ep, int nu
 }
 
 // in: the padded input (inw pixels wide), in_cstep floats between its channel groups of ep channels;
-// wp and bias (num_output rounded up to 32, zero-padded) from create_pipeline; outg[g]: output
-// channel group g. Threads take runs of output rows, or of pixels for an unpadded 1x1.
-static int ep_c3_forward(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const float* wp, const float* bias,
-                         int num_output, int stride, float* const* outg, int outw, int outh, int out_ep, int nthreads)
+// wp (fp32 or fp16, W) and bias (num_output rounded up to 32, zero-padded) from create_pipeline;
+// out: the output, out_cstep floats between its groups of out_ep channels. Threads take runs of
+// output rows, or of pixels for an unpadded 1x1.
+template<typename W>
+static int ep_c3_forward(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const W* wp, const float* bias,
+                         int num_output, int stride, float* out, size_t out_cstep, int outw, int outh, int out_ep, int nthreads)
 {
     if ((ep != 1 && ep != 4 && ep != 8 && ep != 16) || (out_ep != 8 && out_ep != 16) || !((ks == 3 && (stride == 1 || stride == 2)) || (ks == 1 && stride == 1)))
         return -1;
@@ -189,13 +241,13 @@ static int ep_c3_forward(const float* in, int inw, size_t in_cstep, int ep, int 
         {
             const int end = (t + 1) * run < npix ? (t + 1) * run : npix;
             for (int x0 = t * run; x0 < end; x0 += 96)
-                ep_c3_span(in, npix, in_cstep, ep, num_input, 1, wp, bias, num_output, 1, 0, x0, x0 + 96 < end ? x0 + 96 : end, outg, npix, out_ep);
+                ep_c3_span(in, npix, in_cstep, ep, num_input, 1, wp, bias, num_output, 1, 0, x0, x0 + 96 < end ? x0 + 96 : end, out, out_cstep, npix, out_ep);
         }
         return 0;
     }
     #pragma omp parallel for num_threads(nthreads)
     for (int oy = 0; oy < outh; oy++)
-        ep_c3_span(in, inw, in_cstep, ep, num_input, ks, wp, bias, num_output, stride, oy, 0, outw, outg, outw, out_ep);
+        ep_c3_span(in, inw, in_cstep, ep, num_input, ks, wp, bias, num_output, stride, oy, 0, outw, out, out_cstep, outw, out_ep);
     return 0;
 }
 #endif // __AVX512F__
@@ -206,11 +258,18 @@ _CREATE = r'''
     if (ep_c3_wanted(num_input, num_output, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, opt))
     {
         const int nb = (num_output + 31) / 32;
-        weight_ep_c3.create(nb * num_input * kernel_w * kernel_h * 32, (size_t)4u);
+        const int maxk = kernel_w * kernel_h;
+        // `--memory lean`: fp16 weights where that loses nothing (6-12% slower, measured);
+        // elemsize 2 tells forward
+        const bool half = !opt.use_winograd_convolution && ep_c3_fp16_exact(weight_data, (size_t)num_output * num_input * maxk);
+        weight_ep_c3.create(nb * num_input * maxk * 32, half ? (size_t)2u : (size_t)4u);
         bias_ep_c3.create(nb * 32, (size_t)4u);
         if (weight_ep_c3.empty() || bias_ep_c3.empty())
             return -100;
-        ep_c3_pack_weights(weight_data, num_input, kernel_w * kernel_h, num_output, weight_ep_c3);
+        if (half)
+            ep_c3_pack_weights(weight_data, num_input, maxk, num_output, (unsigned short*)weight_ep_c3.data);
+        else
+            ep_c3_pack_weights(weight_data, num_input, maxk, num_output, (float*)weight_ep_c3.data);
         bias_ep_c3.fill(0.f);
         if (bias_term)
             memcpy(bias_ep_c3, bias_data, num_output * sizeof(float));
@@ -231,11 +290,14 @@ _FORWARD = r'''
         // create_pipeline chose the direct kernel (ep_c3_wanted): fp32, packed, 3x3 or 1x1
         if (elemsize != (size_t)4u * elempack)
             return -1;
-        std::vector<float*> outg(top_blob.c);
-        for (int g = 0; g < top_blob.c; g++)
-            outg[g] = top_blob.channel(g);
-        int ret = ep_c3_forward(bottom_blob_bordered, w, bottom_blob_bordered.cstep * elempack, elempack, num_input, kernel_w, weight_ep_c3, bias_ep_c3,
-                                num_output, stride_w, outg.data(), outw, outh, out_elempack, opt.num_threads);
+        const float* in = bottom_blob_bordered;
+        const size_t in_cstep = bottom_blob_bordered.cstep * elempack;
+        const size_t out_cstep = top_blob.cstep * out_elempack;
+        int ret = weight_ep_c3.elemsize == 2u
+                  ? ep_c3_forward(in, w, in_cstep, elempack, num_input, kernel_w, (const unsigned short*)weight_ep_c3.data, bias_ep_c3,
+                                  num_output, stride_w, (float*)top_blob.data, out_cstep, outw, outh, out_elempack, opt.num_threads)
+                  : ep_c3_forward(in, w, in_cstep, elempack, num_input, kernel_w, (const float*)weight_ep_c3.data, bias_ep_c3,
+                                  num_output, stride_w, (float*)top_blob.data, out_cstep, outw, outh, out_elempack, opt.num_threads);
         if (ret != 0)
             return ret;
 

@@ -7,6 +7,12 @@ artifact's peak RSS. The layers with the largest kernels are the deep ones (many
 feature maps), where Winograd also gains the least; ncnn's per-layer feature mask (param key 31,
 bit 6) turns Winograd off for one layer, which then runs as im2col + sgemm on its plain weights.
 
+On x86 the bit also hands a layer to the direct kernel (direct_conv_patch.py) wherever that kernel
+can run it (3x3 at stride 1 or 2, 1x1 at stride 1, output channels a multiple of 8), whatever the
+break-even: it needs no transformed kernel and no im2col or GEMM workspace, and keeps its weights as
+fp16 when they convert exactly (as pnnx stores them). On nudenet_320n that takes peak RSS from 2.3 to
+about 1 times the model's need, for ~15% of speed.
+
 The .param is the build's own pnnx output; this only appends `31=64` to chosen Convolution lines.
 """
 from __future__ import annotations
@@ -37,8 +43,23 @@ def winograd_bytes(fields: dict[str, str]) -> tuple[int, int]:
     return cin * cout * tiles * 4, wsize * 4
 
 
-def lean_param(text: str, limit: int = KERNEL_LIMIT) -> tuple[str, list[str], int]:
-    """(param text with Winograd masked on layers whose kernel exceeds `limit`, their names, bytes saved)."""
+def direct_kernel_takes(fields: dict[str, str]) -> bool:
+    """Whether the x86 direct kernel (direct_conv_patch.py, `ep_c3_wanted`) runs this Convolution in
+    lean mode: fp32 weights in the file, dilation 1, equal strides, output channels a multiple of 8,
+    3x3 at stride 1 or 2 or 1x1 at stride 1."""
+    def num(key: str, default: int) -> int:
+        return int(fields.get(key, default))
+    cout, kw = num("0", 0), num("1", 1)
+    kh, dw, sw = num("11", kw), num("2", 1), num("3", 1)
+    dh, sh = num("12", dw), num("13", sw)
+    if num("19", 0) or num("8", 0) or cout <= 0 or cout % 8 or (dw, dh) != (1, 1) or sw != sh:
+        return False
+    return (kw, kh) == (3, 3) and sw in (1, 2) or (kw, kh, sw) == (1, 1, 1)
+
+
+def lean_param(text: str, limit: int = KERNEL_LIMIT, direct: bool = False) -> tuple[str, list[str], int]:
+    """(param text with Winograd masked on layers whose kernel exceeds `limit`, and with `direct` (x86)
+    on every layer the direct kernel takes; their names; bytes of Winograd kernel saved)."""
     out, masked, saved = [], [], 0
     for line in text.splitlines():
         t = line.split()
@@ -46,30 +67,33 @@ def lean_param(text: str, limit: int = KERNEL_LIMIT) -> tuple[str, list[str], in
             head = 4 + int(t[2]) + int(t[3])
             fields = dict(kv.split("=", 1) for kv in t[head:] if "=" in kv and not kv.startswith("-"))
             size, plain = winograd_bytes(fields)
-            if size > limit:
+            if size > limit or direct and direct_kernel_takes(fields):
                 mask = int(fields.get("31", 0)) | NO_WINOGRAD
                 rest = [kv for kv in t[head:] if not kv.startswith("31=")]
                 line = " ".join(t[:head] + rest + [f"31={mask}"])
                 masked.append(t[1])
-                saved += size - plain
+                saved += size - plain if size else 0
         out.append(line)
     return "\n".join(out) + "\n", masked, saved
 
 
-def apply_memory_mode(engine, mode: str, workdir: Path):
+def apply_memory_mode(engine, mode: str, workdir: Path, arch: str):
     """The engine build for `--memory MODE`: unchanged for `fast` and for anything but a whole-graph
     NCNN build (a partitioned build keeps ncnn's defaults); for `lean`, its .param with Winograd
-    masked where the kernel is large, and what was masked in the manifest."""
+    masked where the kernel is large (and, on x86_64, where the direct kernel takes the layer), and
+    what was masked in the manifest."""
     import dataclasses
     if mode not in MODES:
         raise ValueError(f"memory mode {mode!r}: one of {', '.join(MODES)}")
     if mode == "fast" or engine.backend != "ncnn" or engine.segments:
         return engine
-    text, masked, saved = lean_param(Path(engine.model_blobs[0]).read_text(), KERNEL_LIMIT)
+    direct = arch == "x86_64"
+    text, masked, saved = lean_param(Path(engine.model_blobs[0]).read_text(), KERNEL_LIMIT, direct)
     workdir.mkdir(parents=True, exist_ok=True)
     param = workdir / "model.lean.param"
     param.write_text(text)
     return dataclasses.replace(
         engine, model_blobs=(param, *engine.model_blobs[1:]),
         manifest={**engine.manifest, "memory": mode, "winograd_masked_layers": masked,
-                  "winograd_kernel_bytes_saved": saved})
+                  "winograd_kernel_bytes_saved": saved,
+                  "lean_direct_kernel": direct})
