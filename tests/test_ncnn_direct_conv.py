@@ -3,7 +3,8 @@ kernel (edgepack/backends/ncnn/direct_conv_patch.py) and give onnxruntime's answ
 threads; CPUs without AVX-512 (Haswell, Nehalem) keep ncnn's kernels and must agree too. The layers
 reach every variant of the kernel: input packed 1, 4, 8 and 16 channels per pixel; output packed 8
 and 16; one or two registers of output channels, with an 8-channel half-block; 3x3 at stride 1 and 2,
-with and without padding; 1x1 unpadded (runs of pixels) and padded (rows); rows of 12-, 4- and
+without padding and with a border the kernel adds row by row (even, and bottom-right only as
+TensorFlow exports "SAME"); 1x1 unpadded (runs of pixels) and padded (rows); rows of 12-, 4- and
 1-pixel blocks; a fused activation; and, next to them, layers just past the break-even (16 channels
 at stride 1, 128 at stride 2) and a 1x1 to 12 channels, which keep ncnn's Winograd and GEMM."""
 from __future__ import annotations
@@ -15,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from test_ncnn_thread_split import _run, assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
-# (out channels, kernel, stride, pad, relu): input 3 x 50 x 59
+# (out channels, kernel, stride, pad: all sides or (top, left, bottom, right), relu): input 3 x 50 x 59
 LAYERS = [(16, 3, 2, 1, False),   # 3 -> 16: packed 1 in, 16 out, one register; 25 x 30: 12 + 12 + 4 + 1 + 1
           (12, 1, 1, 0, False),   # to 12 channels (packed 4): ncnn's GEMM
           (24, 3, 1, 1, True),    # 12 -> 24 stride 1: packed 4 in, 8 out, a half-filled second register; Relu fused
@@ -24,7 +25,7 @@ LAYERS = [(16, 3, 2, 1, False),   # 3 -> 16: packed 1 in, 16 out, one register; 
           (48, 1, 1, 0, False),   # 1x1 40 -> 48 unpadded: packed 8 in, 16 out, 168 pixels in runs of 96 and 72
           (24, 1, 1, 1, True),    # 1x1 48 -> 24 padded: by rows, 14 x 16 pixels
           (48, 1, 1, 0, False),
-          (96, 3, 2, 1, True),    # 48 -> 96: packed 16 in and out, three blocks of 32; 7 x 8
+          (96, 3, 2, (0, 0, 1, 1), True),  # 48 -> 96: packed 16 in and out, three blocks of 32; 7 x 8
           (32, 3, 2, 1, False),   # 96 -> 32: the largest input the kernel takes at stride 2
           (128, 1, 1, 0, False),
           (64, 3, 2, 1, False)]   # 128 -> 64: ncnn's GEMM (past the break-even)
@@ -36,13 +37,14 @@ def direct_model(tmp_path_factory):
     rng = np.random.default_rng(3)
     nodes, inits, cin, name, hh, ww = [], [], 3, "x", H, W
     for i, (cout, k, s, pad, relu) in enumerate(LAYERS):
-        hh, ww = (hh + 2 * pad - k) // s + 1, (ww + 2 * pad - k) // s + 1
+        pads = list(pad) if isinstance(pad, tuple) else [pad] * 4
+        hh, ww = (hh + pads[0] + pads[2] - k) // s + 1, (ww + pads[1] + pads[3] - k) // s + 1
         w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
         b = rng.standard_normal(cout).astype(np.float32) * 0.1
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
         out = "y" if i == len(LAYERS) - 1 else f"c{i}"
         nodes.append(helper.make_node("Conv", [name, f"w{i}", f"b{i}"], [out], kernel_shape=[k, k], strides=[s, s],
-                                      pads=[pad] * 4))
+                                      pads=pads))
         if relu:
             nodes.append(helper.make_node("Relu", [out], [f"r{i}"]))
             out = f"r{i}"

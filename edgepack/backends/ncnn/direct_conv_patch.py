@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-DIRECT_CONV_PATCH_VERSION = 2  # part of the x86 libncnn cache key (library.py)
+DIRECT_CONV_PATCH_VERSION = 3  # part of the x86 libncnn cache key (library.py)
 
 CONV_FILE = "src/layer/x86/convolution_x86.cpp"
 CONV_HEADER = "src/layer/x86/convolution_x86.h"
@@ -250,6 +250,52 @@ static int ep_c3_forward(const float* in, int inw, size_t in_cstep, int ep, int 
         ep_c3_span(in, inw, in_cstep, ep, num_input, ks, wp, bias, num_output, stride, oy, 0, outw, out, out_cstep, outw, out_ep);
     return 0;
 }
+
+// The direct kernel on an input without its border: each thread copies the KS input rows that one
+// output row needs into a zero-bordered scratch (KS rows x the padded width, per channel group) and
+// runs the kernel on that, so the whole input is never copied with its border (that copy was the
+// largest buffer alive at a detector's first layers: nudenet_320n's 3 x 322 x 322 and 16 x 162 x 162
+// floats). scratch: nthreads x (num_input / ep) x scratch_cstep floats.
+template<typename W>
+static int ep_c3_forward_padded(const float* in, int inw, int inh, size_t in_cstep, int ep, int num_input, int ks, const W* wp, const float* bias,
+                                int num_output, int stride, int pad_left, int pad_top, float* out, size_t out_cstep, int outw, int outh, int out_ep,
+                                float* scratch, size_t scratch_cstep, int nthreads)
+{
+    if ((ep != 1 && ep != 4 && ep != 8 && ep != 16) || (out_ep != 8 && out_ep != 16) || !((ks == 3 && (stride == 1 || stride == 2)) || (ks == 1 && stride == 1)))
+        return -1;
+    const int pw = (outw - 1) * stride + ks;
+    const int groups = num_input / ep;
+    const int lz = pad_left < pw ? pad_left : pw;
+    const int n = inw < pw - lz ? inw : pw - lz;
+    const int run = (outh + nthreads - 1) / nthreads;
+    #pragma omp parallel for num_threads(nthreads)
+    for (int t = 0; t < nthreads; t++)
+    {
+        float* rows = scratch + (size_t)t * groups * scratch_cstep;
+        for (int oy = t * run; oy < outh && oy < (t + 1) * run; oy++)
+        {
+            for (int g = 0; g < groups; g++)
+            {
+                for (int ky = 0; ky < ks; ky++)
+                {
+                    float* dst = rows + g * scratch_cstep + (size_t)ky * pw * ep;
+                    const int iy = oy * stride + ky - pad_top;
+                    if (iy < 0 || iy >= inh || n <= 0)
+                    {
+                        memset(dst, 0, sizeof(float) * pw * ep);
+                        continue;
+                    }
+                    memset(dst, 0, sizeof(float) * lz * ep);
+                    memcpy(dst + (size_t)lz * ep, in + g * in_cstep + (size_t)iy * inw * ep, sizeof(float) * n * ep);
+                    memset(dst + (size_t)(lz + n) * ep, 0, sizeof(float) * (pw - lz - n) * ep);
+                }
+            }
+            ep_c3_span(rows, pw, scratch_cstep, ep, num_input, ks, wp, bias, num_output, stride, 0, 0, outw,
+                       out + (size_t)oy * outw * out_ep, out_cstep, outw, out_ep);
+        }
+    }
+    return 0;
+}
 #endif // __AVX512F__
 '''
 
@@ -277,6 +323,46 @@ _CREATE = r'''
         if (opt.lightmode)
             weight_data.release();
 
+        return 0;
+    }
+#endif // __AVX512F__
+
+'''
+
+_FORWARD_PADDED = r'''
+#if __AVX512F__
+    if (!weight_ep_c3.empty() && pad_value == 0.f && pad_left >= 0 && pad_right >= 0 && pad_top >= 0 && pad_bottom >= 0
+        && (pad_left > 0 || pad_right > 0 || pad_top > 0 || pad_bottom > 0))
+    {
+        // create_pipeline chose the direct kernel (ep_c3_wanted), and the layer has a zero border:
+        // the kernel borders the input row by row (ep_c3_forward_padded), no bordered copy
+        if (elemsize != (size_t)4u * elempack)
+            return -1;
+        const int outw = (w + pad_left + pad_right - kernel_w) / stride_w + 1;
+        const int outh = (h + pad_top + pad_bottom - kernel_h) / stride_h + 1;
+        const int out_elempack = num_output % 16 == 0 ? 16 : 8; // as below: ep_c3_wanted asked for a multiple of 8
+        top_blob.create(outw, outh, num_output / out_elempack, (size_t)4u * out_elempack, out_elempack, opt.blob_allocator);
+        if (top_blob.empty())
+            return -100;
+        const int pw = (outw - 1) * stride_w + kernel_w;
+        const size_t scratch_cstep = ((size_t)pw * kernel_h * elempack + 15) / 16 * 16;
+        Mat scratch((int)(scratch_cstep * channels * opt.num_threads), (size_t)4u, opt.workspace_allocator);
+        if (scratch.empty())
+            return -100;
+        const int num_input = channels * elempack;
+        const size_t out_cstep = top_blob.cstep * out_elempack;
+        int ret = weight_ep_c3.elemsize == 2u
+                  ? ep_c3_forward_padded(bottom_blob, w, h, bottom_blob.cstep * elempack, elempack, num_input, kernel_w, (const unsigned short*)weight_ep_c3.data, bias_ep_c3,
+                                         num_output, stride_w, pad_left, pad_top, (float*)top_blob.data, out_cstep, outw, outh, out_elempack, scratch, scratch_cstep, opt.num_threads)
+                  : ep_c3_forward_padded(bottom_blob, w, h, bottom_blob.cstep * elempack, elempack, num_input, kernel_w, (const float*)weight_ep_c3.data, bias_ep_c3,
+                                         num_output, stride_w, pad_left, pad_top, (float*)top_blob.data, out_cstep, outw, outh, out_elempack, scratch, scratch_cstep, opt.num_threads);
+        if (ret != 0)
+            return ret;
+
+        if (activation)
+        {
+            activation->forward_inplace(top_blob, opt);
+        }
         return 0;
     }
 #endif // __AVX512F__
@@ -314,6 +400,11 @@ _FORWARD = r'''
 # the dilation hand-over); the kernel goes after the early returns for int8, bf16 and dilation.
 _WINOGRAD_CHOICE = ("#endif // __SSE2__\n\n    bool prefer_winograd = (opt.use_winograd23_convolution"
                     " || opt.use_winograd43_convolution || opt.use_winograd63_convolution)")
+_BORDER_FORWARD = ("        return forward_bf16s(bottom_blob, top_blob, opt);\n    }\n#endif\n\n    int w = bottom_blob.w;\n"
+                   "    int h = bottom_blob.h;\n    int channels = bottom_blob.c;\n    size_t elemsize = bottom_blob.elemsize;\n"
+                   "    int elempack = bottom_blob.elempack;\n\n"
+                   "    const int kernel_extent_w = dilation_w * (kernel_w - 1) + 1;\n"
+                   "    const int kernel_extent_h = dilation_h * (kernel_h - 1) + 1;\n\n    Mat bottom_blob_bordered;\n")
 _DILATION_FORWARD = ("            return forwardDilation_x86(bottom_blob_bordered, top_blob, opt);\n        }\n    }\n\n"
                      "    const int num_input = channels * elempack;\n")
 
@@ -324,6 +415,9 @@ _CONV_EDITS = (
     ("create_pipeline's kernel choice",
      _WINOGRAD_CHOICE,
      _WINOGRAD_CHOICE.replace("\n\n", "\n" + _CREATE, 1), 1),
+    ("forward's kernel choice, bordered by the kernel",
+     _BORDER_FORWARD,
+     _BORDER_FORWARD.replace("\n\n    Mat bottom_blob_bordered;\n", "\n" + _FORWARD_PADDED + "    Mat bottom_blob_bordered;\n"), 1),
     ("forward's kernel choice",
      _DILATION_FORWARD,
      _DILATION_FORWARD + _FORWARD, 1),
