@@ -70,18 +70,24 @@ def test_peak_rss_holds_the_weights_once(tmp_path):
 CONVS, CH, HW = 6, 128, 16  # 6 x 128x128x3x3: 3.4 MiB fp32 weights, 13.5 MiB of F(4,3) kernels
 
 
-def conv_stack(path: Path) -> Path:
-    rng = np.random.default_rng(7)
+def conv_relu_stack(path: Path, layers: int, ch: int, hw: int, k: int, seed: int, bias: bool = True,
+                    fp16_exact: bool = False) -> Path:
+    """`layers` ch -> ch k x k convolutions (zero border to keep hw x hw), each followed by a Relu."""
+    rng = np.random.default_rng(seed)
     nodes, inits, x = [], [], "x"
-    for i in range(CONVS):
-        w = (rng.standard_normal((CH, CH, 3, 3)) / np.sqrt(CH * 9)).astype(np.float32)
-        inits += [numpy_helper.from_array(w, f"w{i}"),
-                  numpy_helper.from_array((rng.standard_normal(CH) * 0.1).astype(np.float32), f"b{i}")]
-        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+    for i in range(layers):
+        w = (rng.standard_normal((ch, ch, k, k)) / np.sqrt(ch * k * k)).astype(np.float32)
+        if fp16_exact:  # values an fp16 holds exactly, stored as fp32 (--fp32 embeds them as they are)
+            w = w.astype(np.float16).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        if bias:
+            inits.append(numpy_helper.from_array((rng.standard_normal(ch) * 0.1).astype(np.float32), f"b{i}"))
+        nodes += [helper.make_node("Conv", [x, f"w{i}"] + ([f"b{i}"] if bias else []), [f"c{i}"], pads=[k // 2] * 4,
+                                   name=f"conv{i}"),
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
         x = f"r{i}"
-    g = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CH, HW, HW])],
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, CH, HW, HW])], inits)
+    g = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ch, hw, hw])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, ch, hw, hw])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -102,7 +108,7 @@ def build_and_measure(model: Path, out: Path, memory: str) -> tuple[dict, int]:
 
 
 def test_memory_lean_drops_the_large_winograd_kernels(tmp_path):
-    model = conv_stack(tmp_path / "convs.onnx")
+    model = conv_relu_stack(tmp_path / "convs.onnx", CONVS, CH, HW, 3, seed=7)
     fast, fast_peak = build_and_measure(model, tmp_path / "fast", "fast")
     lean, lean_peak = build_and_measure(model, tmp_path / "lean", "lean")
     assert fast["build"]["memory"] == "fast" and lean["build"]["memory"] == "lean"
@@ -118,25 +124,6 @@ def test_memory_lean_drops_the_large_winograd_kernels(tmp_path):
 PW_LAYERS, PW_CH, PW_HW = 6, 512, 8  # 6 x 512->512 1x1: 6 MiB of fp32 weights, all fp16-exact
 
 
-def pointwise_stack(path: Path) -> Path:
-    rng = np.random.default_rng(11)
-    nodes, inits, x = [], [], "x"
-    for i in range(PW_LAYERS):
-        # values an fp16 holds exactly, stored as fp32 (--fp32 embeds them as they are)
-        w = (rng.standard_normal((PW_CH, PW_CH, 1, 1)) / np.sqrt(PW_CH)).astype(np.float16).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}"),
-                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
-        x = f"r{i}"
-    g = helper.make_graph(nodes, "pw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, PW_CH, PW_HW, PW_HW])],
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, PW_CH, PW_HW, PW_HW])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    onnx.save(m, str(path))
-    return path
-
-
 def run_output(artifact: str, x: Path, out: Path) -> np.ndarray:
     subprocess.run([artifact, "run", "--input", str(x), "--output", str(out), "--threads", "1"],
                    capture_output=True, text=True, timeout=300, check=True)
@@ -148,7 +135,7 @@ def test_memory_lean_keeps_exact_fp16_weights_at_half_the_bytes(tmp_path):
     from fp16 ones. The outputs must be equal bit for bit (the conversion lost nothing) and lean's
     peak must be lower by most of the 3 MiB that fp16 saves. Without AVX-512 (ncnn's own kernels
     either way) only the outputs are compared, within the verification bound."""
-    model = pointwise_stack(tmp_path / "pw.onnx")
+    model = conv_relu_stack(tmp_path / "pw.onnx", PW_LAYERS, PW_CH, PW_HW, 1, seed=11, bias=False, fp16_exact=True)
     fast, fast_peak = build_and_measure(model, tmp_path / "fast", "fast")
     lean, lean_peak = build_and_measure(model, tmp_path / "lean", "lean")
     assert lean["backend"]["lean_direct_kernel"] is True

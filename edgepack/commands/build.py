@@ -41,7 +41,9 @@ BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
                    "even when `edgepack tune` left one in the cache. Default: the target's database, if any.")
 @click.option("--memory", type=click.Choice(["fast", "lean"]), default="fast", show_default=True,
               help="NCNN: fast keeps ncnn's Winograd kernels everywhere; lean runs the 3x3 convolutions whose "
-                   "Winograd kernels exceed 1 MiB as sgemm (nudenet_320n: peak RSS 47 -> 38 MiB; docs/benchmarks.md).")
+                   "Winograd kernels exceed 1 MiB without them and, on x86, every layer the direct kernel can "
+                   "take in it with fp16 weights where exact (nudenet_320n: peak RSS 43 -> 16 MiB, 12% slower "
+                   "on 1 thread; docs/backends.md).")
 @selection_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes, targets_dir, no_verify,

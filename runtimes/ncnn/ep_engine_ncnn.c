@@ -26,7 +26,7 @@ ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_po
 ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve);        /* ep_ncnn_pool.cc */
 /* address space the arena reserves (not memory: only pages touched count); a net whose tensors
  * outgrow it takes the rest from malloc */
-#define EP_NCNN_ARENA_RESERVE ((size_t)1 << 33)
+#define EP_NCNN_ARENA_RESERVE (sizeof(size_t) >= 8 ? (size_t)8 << 30 : (size_t)512 << 20)
 
 typedef struct {
     const ep_model_spec *spec;

@@ -1,5 +1,8 @@
-/* A best-fit buffer pool for ncnn's blobs and workspace (issue 10 item 5).
+/* Pools for ncnn's blobs and workspace (issue 10 item 5): ArenaPool below is the engine's default
+ * (pool=arena); the best-fit pool stays as a measuring switch (pool=best<N>) and as the fallback where
+ * the arena's address space cannot be reserved.
  *
+ * The best-fit pool:
  * ncnn's PoolAllocator hands out the first cached buffer that is large enough (the per-net pools it
  * makes for an extractor accept any larger one). A small request then takes a large buffer, the
  * next large request misses and mallocs again, and the pool keeps growing run after run:

@@ -17,7 +17,14 @@ channels per pixel) and writes 8- or 16-channel packing, so the layers around it
 Threads take runs of output rows (3x3), or of pixels (unpadded 1x1, walked 96 pixels at a time),
 like the rest of thread_split_patch.py's layers.
 
-Taken where `ep_c3_wanted` says: fp32 with packing, output channels a multiple of 8, and
+A layer with a zero border is bordered row by row in a per-thread scratch (`ep_c3_forward_padded`)
+rather than copied whole with its border first; the sums are the same.
+
+`--memory lean` (memory.py) marks the layers it wants with ncnn's no-Winograd feature bit; the kernel
+then takes every one it can run, whatever the break-even, and keeps their weights as fp16 when each
+converts exactly (pnnx stores fp16 unless a build asks for fp32), for half the bytes.
+
+Taken otherwise where `ep_c3_wanted` says: fp32 with packing, output channels a multiple of 8, and
 - 3x3, dilation 1: stride 1 below 16 input channels, stride 2 up to 96 (per-layer break-even
   measured on ddddocr_det and nudenet_320n: at stride 1 Winograd ties at 16 and wins at 32 and 64; at
   stride 2 the direct kernel wins up to 96, loses at 128 and 192);

@@ -10,8 +10,8 @@ bit 6) turns Winograd off for one layer, which then runs as im2col + sgemm on it
 On x86 the bit also hands a layer to the direct kernel (direct_conv_patch.py) wherever that kernel
 can run it (3x3 at stride 1 or 2, 1x1 at stride 1, output channels a multiple of 8), whatever the
 break-even: it needs no transformed kernel and no im2col or GEMM workspace, and keeps its weights as
-fp16 when they convert exactly (as pnnx stores them). On nudenet_320n that takes peak RSS from 2.3 to
-about 1 times the model's need, for ~15% of speed.
+fp16 when they convert exactly (as pnnx stores them). nudenet_320n: peak RSS 0.96 of the model's
+need (2.09 before; `fast` 2.55), for 12% of speed on 1 thread and none on 2 (docs/backends.md, Memory).
 
 The .param is the build's own pnnx output; this only appends `31=64` to chosen Convolution lines.
 """
