@@ -231,8 +231,8 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
         ncnn_option_set_use_fp16_arithmetic(e->opt, 0);
     /* ep_ncnn_pool.cc's first-fit arena for blobs and workspace instead of ncnn's first-fit local
      * pools: it stops growing after the first run and holds little more than the live tensors
-     * (nudenet_320n, bench peak: ncnn's pools 55.9 MB, the best-fit pool 49.2, the arena 45.4, and
-     * 5% faster; docs/benchmarks.md, memory) */
+     * (nudenet_320n: `fast` bench peak over 20 runs 49.2 MB with the best-fit pool, 45.4 with the
+     * arena, and no slower; `lean` after a run 21.1 -> 19.2 MB; docs/backends.md, Memory) */
     int swrc = apply_switches(e, "pool=arena", st);
     if (!swrc) swrc = apply_switches(e, getenv("EDGEPACK_NCNN_OPTIONS"), st);
     if (swrc) {

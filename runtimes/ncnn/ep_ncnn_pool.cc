@@ -72,7 +72,7 @@ private:
     std::unordered_map<void *, size_t> lent_;
 };
 
-/* An address-ordered first-fit heap in one reserved stretch of address space, for `--memory lean`.
+/* An address-ordered first-fit heap in one reserved stretch of address space (the engine's default).
  * The best-fit pool keeps every buffer it ever lent, so a run holds about twice the tensors alive at
  * its worst moment (nudenet_320n: 8.4 MB against a live peak of ~4.5 MB): a request that no cached
  * buffer fits gets a new one while smaller free ones sit idle. Here freed blocks merge with their
