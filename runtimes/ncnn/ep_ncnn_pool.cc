@@ -118,21 +118,19 @@ public:
         }
         if (at == SIZE_MAX) {
             lock_.unlock();
-            void *p = ncnn::fastMalloc(size);  /* past the arena: ncnn's own, freed the same way */
-            return p;
+            return ncnn::fastMalloc(size);  /* past the arena: ncnn's own, freed the same way */
         }
         lent_[at] = need;
         lock_.unlock();
         return base_ + at;
     }
     void fastFree(void *ptr) override {
-        char *p = static_cast<char *>(ptr);
-        if (p < base_ || p >= base_ + cap_) {
+        if (!owns(ptr)) {
             ncnn::fastFree(ptr);
             return;
         }
         lock_.lock();
-        auto it = lent_.find(static_cast<size_t>(p - base_));
+        auto it = lent_.find(static_cast<size_t>(static_cast<char *>(ptr) - base_));
         if (it != lent_.end()) {  /* not lent (cannot happen with ncnn): ignore rather than corrupt */
             size_t at = it->first, size = it->second;
             lent_.erase(it);
@@ -154,8 +152,8 @@ public:
         lock_.unlock();
     }
 
-    /* for tests/fuzz/arena_pool_stress.cc */
     bool owns(const void *p) const { return p >= base_ && p < base_ + cap_; }
+    /* for tests/fuzz/arena_pool_stress.cc */
     size_t free_blocks() const { return free_.size(); }
     size_t lent_blocks() const { return lent_.size(); }
     size_t top() const { return top_; }

@@ -84,17 +84,16 @@ int main(int argc, char **argv) {
     if (!a) fail("the arena could not be reserved", 0);
     std::vector<uintptr_t> first = walk(a, steps, seed, reserve);
     std::vector<uintptr_t> second = walk(a, steps, seed, reserve);
+    ArenaPool *pool = static_cast<ArenaPool *>(static_cast<ncnn::Allocator *>(a->pthis));
     /* blocks past the arena come from malloc, whose addresses may differ */
     size_t in_arena = 0, same = 0;
     for (size_t i = 0; i < first.size() && i < second.size(); i++) {
-        ArenaPool *pool = static_cast<ArenaPool *>(static_cast<ncnn::Allocator *>(a->pthis));
         if (pool->owns(reinterpret_cast<void *>(first[i]))) {
             in_arena++;
             same += first[i] == second[i];
         }
     }
     if (first.size() != second.size() || same != in_arena) fail("a second walk took other blocks", steps);
-    ArenaPool *pool = static_cast<ArenaPool *>(static_cast<ncnn::Allocator *>(a->pthis));
     if (pool->free_blocks() != 1 || pool->lent_blocks() != 0) fail("freed blocks did not merge back into one", steps);
     printf("arena stress: %zu steps, %zu blocks from the arena, %zu past it, top %zu bytes\n", steps, in_arena,
            first.size() - in_arena, pool->top());

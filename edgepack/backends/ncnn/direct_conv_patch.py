@@ -227,6 +227,12 @@ static void ep_c3_span(const float* in, int inw, size_t in_cstep, int ep, int nu
     }
 }
 
+// the packings and kernels the kernel is written for
+static inline bool ep_c3_supported(int ep, int out_ep, int ks, int stride)
+{
+    return (ep == 1 || ep == 4 || ep == 8 || ep == 16) && (out_ep == 8 || out_ep == 16) && ((ks == 3 && (stride == 1 || stride == 2)) || (ks == 1 && stride == 1));
+}
+
 // in: the padded input (inw pixels wide), in_cstep floats between its channel groups of ep channels;
 // wp (fp32 or fp16, W) and bias (num_output rounded up to 32, zero-padded) from create_pipeline;
 // out: the output, out_cstep floats between its groups of out_ep channels. Threads take runs of
@@ -235,7 +241,7 @@ template<typename W>
 static int ep_c3_forward(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const W* wp, const float* bias,
                          int num_output, int stride, float* out, size_t out_cstep, int outw, int outh, int out_ep, int nthreads)
 {
-    if ((ep != 1 && ep != 4 && ep != 8 && ep != 16) || (out_ep != 8 && out_ep != 16) || !((ks == 3 && (stride == 1 || stride == 2)) || (ks == 1 && stride == 1)))
+    if (!ep_c3_supported(ep, out_ep, ks, stride))
         return -1;
     if (ks == 1 && inw == outw)
     {
@@ -268,7 +274,7 @@ static int ep_c3_forward_padded(const float* in, int inw, int inh, size_t in_cst
                                 int num_output, int stride, int pad_left, int pad_top, float* out, size_t out_cstep, int outw, int outh, int out_ep,
                                 float* scratch, size_t scratch_cstep, int nthreads)
 {
-    if ((ep != 1 && ep != 4 && ep != 8 && ep != 16) || (out_ep != 8 && out_ep != 16) || !((ks == 3 && (stride == 1 || stride == 2)) || (ks == 1 && stride == 1)))
+    if (!ep_c3_supported(ep, out_ep, ks, stride))
         return -1;
     const int pw = (outw - 1) * stride + ks;
     const int groups = num_input / ep;

@@ -24,17 +24,24 @@ NO_WINOGRAD = 1 << 6          # ncnn get_masked_option: featmask bit 6 masks use
 KERNEL_LIMIT = 1 << 20        # bytes of transformed kernel above which a layer runs without Winograd
 
 
+def _geometry(fields: dict[str, str]) -> dict[str, int]:
+    """A Convolution line's numbers, with ncnn's defaults (Convolution::load_param): output channels,
+    kernel, dilation and stride per axis, weight count, dynamic weights and int8 flags."""
+    def num(key: str, default: int) -> int:
+        return int(fields.get(key, default))
+    kw, dw, sw = num("1", 1), num("2", 1), num("3", 1)
+    return {"cout": num("0", 0), "kw": kw, "kh": num("11", kw), "dw": dw, "dh": num("12", dw), "sw": sw,
+            "sh": num("13", sw), "wsize": num("6", 0), "dynamic": num("19", 0), "int8": num("8", 0)}
+
+
 def winograd_bytes(fields: dict[str, str]) -> tuple[int, int]:
     """(bytes of the Winograd kernel ncnn would keep for this Convolution, 0 where it uses none;
     bytes of its plain fp32 weights).
     pnnx writes no shape hints, so ncnn takes its dynamic-shape choice: F(6,3) when both channel
     counts are <= 32, F(4,3) otherwise (convolution_x86.cpp / convolution_arm.cpp, create_pipeline)."""
-    def num(key: str, default: int) -> int:
-        return int(fields.get(key, default))
-    cout, kw = num("0", 0), num("1", 1)
-    kh, dw, sw = num("11", kw), num("2", 1), num("3", 1)
-    dh, sh, wsize = num("12", dw), num("13", sw), num("6", 0)
-    if num("19", 0) or cout <= 0 or (kw, kh, dw, dh, sw, sh) != (3, 3, 1, 1, 1, 1):
+    g = _geometry(fields)
+    cout, wsize = g["cout"], g["wsize"]
+    if g["dynamic"] or cout <= 0 or (g["kw"], g["kh"], g["dw"], g["dh"], g["sw"], g["sh"]) != (3, 3, 1, 1, 1, 1):
         return 0, wsize * 4
     cin = wsize // 9 // cout
     if cin <= 8 and cout <= 8:
@@ -47,12 +54,9 @@ def direct_kernel_takes(fields: dict[str, str]) -> bool:
     """Whether the x86 direct kernel (direct_conv_patch.py, `ep_c3_wanted`) runs this Convolution in
     lean mode: fp32 weights in the file, dilation 1, equal strides, output channels a multiple of 8,
     3x3 at stride 1 or 2 or 1x1 at stride 1."""
-    def num(key: str, default: int) -> int:
-        return int(fields.get(key, default))
-    cout, kw = num("0", 0), num("1", 1)
-    kh, dw, sw = num("11", kw), num("2", 1), num("3", 1)
-    dh, sh = num("12", dw), num("13", sw)
-    if num("19", 0) or num("8", 0) or cout <= 0 or cout % 8 or (dw, dh) != (1, 1) or sw != sh:
+    g = _geometry(fields)
+    kw, kh, sw = g["kw"], g["kh"], g["sw"]
+    if g["dynamic"] or g["int8"] or g["cout"] <= 0 or g["cout"] % 8 or (g["dw"], g["dh"]) != (1, 1) or sw != g["sh"]:
         return False
     return (kw, kh) == (3, 3) and sw in (1, 2) or (kw, kh, sw) == (1, 1, 1)
 
