@@ -1,11 +1,11 @@
-"""ncnn's x86 1x1 convolutions and 3x3 ones with few input channels run edgepack's direct AVX-512
-kernel (edgepack/backends/ncnn/direct_conv_patch.py) and give onnxruntime's answer, on 1 and 2
-threads; CPUs without AVX-512 (Haswell, Nehalem) keep ncnn's kernels and must agree too. The layers
-reach every variant of the kernel: input packed 1, 4, 8 and 16 channels per pixel; output packed 8
-and 16; one or two registers of output channels, with an 8-channel half-block; 3x3 at stride 1 and 2,
-without padding and with a border the kernel adds row by row (even, and bottom-right only as
-TensorFlow exports "SAME"); 1x1 unpadded (runs of pixels) and padded (rows); rows of 12-, 4- and
-1-pixel blocks; a fused activation; and, next to them, layers just past the break-even (16 channels
+"""ncnn's x86 1x1 convolutions and 3x3 ones with few input channels run edgepack's direct kernel
+(edgepack/backends/ncnn/direct_conv_patch.py: 16 lanes on AVX-512, 8 on CPUs with FMA and F16C, such as
+Haswell) and give onnxruntime's answer, on 1 and 2 threads; SSE CPUs (Nehalem) keep ncnn's kernels and
+must agree too. The layers reach every variant of the kernel: input packed 1, 4, 8 and 16 channels
+per pixel; output packed 8 and 16; one or two registers of output channels, with an 8-channel
+half-block; 3x3 at stride 1 and 2, without padding and with a border the kernel adds row by row
+(even, and bottom-right only as TensorFlow exports "SAME"); 1x1 unpadded (runs of pixels) and padded
+(rows); rows of 12-, 4- and 1-pixel blocks (6-, 2- and 1-pixel with 8 lanes); a fused activation; and, next to them, layers just past the break-even (16 channels
 at stride 1, 128 at stride 2) and a 1x1 to 12 channels, which keep ncnn's Winograd and GEMM."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from test_ncnn_thread_split import _run, assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
-# (out channels, kernel, stride, pad: all sides or (top, left, bottom, right), relu): input 3 x 50 x 59
-LAYERS = [(16, 3, 2, 1, False),   # 3 -> 16: packed 1 in, 16 out, one register; 25 x 30: 12 + 12 + 4 + 1 + 1
+# (out channels, kernel, stride, pad: all sides or (top, left, bottom, right), relu): input 3 x 50 x 57
+LAYERS = [(16, 3, 2, 1, False),   # 3 -> 16: packed 1 in, 16 out, one register; 25 x 29: 12 + 12 + 4 + 1 (6 x 4 + 2 x 2 + 1)
           (12, 1, 1, 0, False),   # to 12 channels (packed 4): ncnn's GEMM
           (24, 3, 1, 1, True),    # 12 -> 24 stride 1: packed 4 in, 8 out, a half-filled second register; Relu fused
           (16, 3, 1, 1, False),   # 24 -> 16 stride 1: ncnn's Winograd (past the break-even)
@@ -29,7 +29,7 @@ LAYERS = [(16, 3, 2, 1, False),   # 3 -> 16: packed 1 in, 16 out, one register; 
           (32, 3, 2, 1, False),   # 96 -> 32: the largest input the kernel takes at stride 2
           (128, 1, 1, 0, False),
           (64, 3, 2, 1, False)]   # 128 -> 64: ncnn's GEMM (past the break-even)
-H, W = 50, 59
+H, W = 50, 57
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +80,12 @@ def _fma_order(x, w, b):
     return acc[None]
 
 
-def test_the_avx512_build_runs_the_direct_kernel(tmp_path):
-    """A 12 -> 24 3x3 stride-1 layer, then a 24 -> 32 1x1: on AVX-512 the output is bit for bit the
-    kernel's order of fused multiply-adds; ncnn's AVX2 build runs the first as Winograd, which is not.
-    (qemu has no AVX-512 model, so the kernel runs only where the machine has it.)"""
+def test_avx512_and_avx2_cpus_run_the_direct_kernel(tmp_path):
+    """A 12 -> 24 3x3 stride-1 layer, then a 24 -> 32 1x1: where the kernel runs, the output is bit for
+    bit its order of fused multiply-adds. It runs on AVX-512 (16 lanes) and on CPUs with FMA and F16C
+    (8 lanes, AVX2 class: qemu's Haswell, and this machine capped with isa=avx2). An SSE CPU (Nehalem)
+    runs ncnn's kernels, the first layer as Winograd, which is not that order; this machine capped
+    with isa=sse runs the same code and gets the same bits."""
     rng = np.random.default_rng(4)
     w = (rng.standard_normal((24, 12, 3, 3)) / 6).astype(np.float32)
     b = (rng.standard_normal(24) * 0.1).astype(np.float32)
@@ -102,13 +104,16 @@ def test_the_avx512_build_runs_the_direct_kernel(tmp_path):
     x = rng.standard_normal((1, 12, 20, 29)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     exact = _fma_order(_fma_order(x, w, b), w1, b1)
-    native = _run(art, "native", 1, tmp_path / "x.npy", tmp_path / "n").reshape(exact.shape)
-    haswell = _run(art, "Haswell-noTSX", 1, tmp_path / "x.npy", tmp_path / "h").reshape(exact.shape)
-    assert not np.array_equal(haswell, exact)
+    got = {cpu: _run(art, cpu, 1, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-")).reshape(exact.shape)
+           for cpu in ("native", "native isa=avx2", "Haswell-noTSX", "Nehalem", "native isa=sse")}
+    for cpu in ("native isa=avx2", "Haswell-noTSX"):
+        np.testing.assert_array_equal(got[cpu], exact, err_msg=cpu)
+    assert not np.array_equal(got["Nehalem"], exact)
+    np.testing.assert_array_equal(got["native isa=sse"], got["Nehalem"])
     if _native_has_avx512():
-        np.testing.assert_array_equal(native, exact)
-    else:  # (the AMD EPYC of earlier sessions) ncnn's AVX2 kernels, like Haswell's
-        np.testing.assert_array_equal(native, haswell)
+        np.testing.assert_array_equal(got["native"], exact)
+    else:  # (the AMD EPYC of earlier sessions: AVX2, so the 8-lane kernel)
+        np.testing.assert_array_equal(got["native"], got["Haswell-noTSX"])
 
 
 def _native_has_avx512() -> bool:
@@ -118,13 +123,14 @@ def _native_has_avx512() -> bool:
 
 def test_the_x86_library_carries_the_direct_kernel_and_only_x86_keys_it(monkeypatch):
     from edgepack.backends.ncnn import library
-    from edgepack.backends.ncnn.direct_conv_patch import CONV_FILE
+    from edgepack.backends.ncnn.direct_conv_patch import CONV_FILE, FMA_FILE
     from edgepack.targets import TargetMatrix
     from edgepack.toolchains import Toolchain
     matrix, tc = TargetMatrix.load(), Toolchain.load()
     lib = library.build_library(matrix.get("x86_64"), tc)
     text = (lib.root / "src" / CONV_FILE).read_text()
-    assert text.count("if (ep_c3_wanted(") == 1 and text.count("if (!weight_ep_c3.empty())") == 1
+    assert text.count("&& ep_c3_wanted(") == 1 and text.count("if (!weight_ep_c3.empty())") == 1
+    assert (lib.root / "src" / FMA_FILE).read_text().count("\nint ep_c3_run_fma(") == 1  # the 8-lane kernel
     arm_key, _ = library.library_key(matrix.get("arm64"), tc)
     monkeypatch.setattr(library, "DIRECT_CONV_PATCH_KEY", library.DIRECT_CONV_PATCH_KEY + "-changed")
     assert library.library_key(matrix.get("arm64"), tc)[0] == arm_key

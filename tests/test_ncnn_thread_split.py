@@ -1,7 +1,7 @@
 """ncnn's x86 convolutions shared between threads by output pixels (edgepack/backends/ncnn/
 thread_split_patch.py) give onnxruntime's answer on every x86 CPU model the artifact may meet, on 1
-and 2 threads: AVX-512 (native here, N tiles of 16), AVX2 (Haswell, 12) and SSE2 only (Nehalem, 4)
-each run a different copy of the patched loops. The layers reach each path: a 3-channel first layer
+and 2 threads: AVX-512 (native here, N tiles of 16), AVX2 (Haswell, and this machine capped to AVX2;
+12) and SSE2 only (Nehalem, 4) each run a different copy of the patched loops. The layers reach each path: a 3-channel first layer
 into 16 channels (ncnn's direct kernel, one block of 16 cut into row runs), 1x1 and strided 3x3
 products with few output channels and many pixels (split by N; 24, 48 and 112 channels are uneven
 M tiles; on AVX-512 ncnn's direct kernel and most of these products give way to
@@ -26,7 +26,9 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import run_edgepack
 from edgepack.runner import command_for_cpu
 
-CPUS = ["native", "Haswell-noTSX", "Nehalem"]
+# "native isa=avx2": this machine running the kernels an AVX2 CPU gets (EDGEPACK_NCNN_OPTIONS,
+# isa_cap_patch.py), at native speed and with real threads
+CPUS = ["native", "native isa=avx2", "Haswell-noTSX", "Nehalem"]
 # (out channels, kernel, stride): input 3 x 116 x 100
 # each followed by one of these (ncnn's activation layers, split by pixels as the convolutions are)
 ACTIVATIONS = ["Swish", "HardSwish", "Sigmoid", "Relu", "Tanh"]
@@ -90,9 +92,12 @@ def conv_model(tmp_path_factory):
 
 
 def _run(art, cpu, threads, x_path, out):
+    """Run the artifact on a qemu CPU model, or natively ("native", or "native isa=..." for a cap)."""
+    cpu, _, isa = cpu.partition(" ")
+    env = {**os.environ, "EDGEPACK_NCNN_OPTIONS": isa} if isa else dict(os.environ)
     run = subprocess.run(command_for_cpu(art, cpu) + ["run", "--input", f"x={x_path}", "--output", str(out),
                                                       "--threads", str(threads)],
-                         capture_output=True, text=True, timeout=900, env=dict(os.environ))
+                         capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, f"{cpu}: {run.stderr}"
     return np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
 

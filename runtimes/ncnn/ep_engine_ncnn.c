@@ -24,6 +24,9 @@
 
 ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_pool.cc */
 ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve);        /* ep_ncnn_pool.cc */
+#if defined(__x86_64__) || defined(__i386__)
+int ep_ncnn_cap_x86_isa(int level); /* libncnn's src/cpu.cpp (isa_cap_patch.py) */
+#endif
 /* address space the arena reserves (not memory: only pages touched count); a net whose tensors
  * outgrow it takes the rest from malloc */
 #define EP_NCNN_ARENA_RESERVE (sizeof(size_t) >= 8 ? (size_t)8 << 30 : (size_t)512 << 20)
@@ -168,6 +171,12 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
         } else if (sw.key == EP_NCNN_SW_BF16) {  /* only where libncnn was built with NCNN_BF16 */
             ncnn_option_set_use_bf16_storage(e->opt, sw.on);
             ncnn_option_set_use_bf16_packed(e->opt, sw.on);
+        } else if (sw.key == EP_NCNN_SW_ISA) {
+#if defined(__x86_64__) || defined(__i386__)
+            ep_ncnn_cap_x86_isa(sw.isa);  /* before the net exists: layers take their ISA build at creation */
+#else
+            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: isa= is for x86 artifacts");
+#endif
         } else if (sw.key == EP_NCNN_SW_POOL) {
             int shared = sw.pool == EP_NCNN_POOL_SHARED, unlocked = sw.pool == EP_NCNN_POOL_UNLOCKED;
             int arena = sw.pool == EP_NCNN_POOL_ARENA;

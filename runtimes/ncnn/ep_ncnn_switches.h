@@ -5,7 +5,7 @@
  * Header-only (static functions) so the engine's source list stays as it is.
  * The list: comma-separated key=value items, each under 64 bytes: winograd, sgemm, packing, fp16,
  * bf16 ("1" on, anything else off), pool=best[<N>] (N <= 1000, default 100), local, shared, one,
- * unlocked or none. */
+ * unlocked or none, isa=avx512, avx2 or sse (x86: run as a CPU without the extensions above it). */
 #ifndef EP_NCNN_SWITCHES_H
 #define EP_NCNN_SWITCHES_H
 
@@ -22,6 +22,7 @@ typedef enum {
     EP_NCNN_SW_FP16,
     EP_NCNN_SW_BF16,
     EP_NCNN_SW_POOL,
+    EP_NCNN_SW_ISA,
 } ep_ncnn_switch_key;
 
 typedef enum {
@@ -39,6 +40,7 @@ typedef struct {
     int on;                 /* winograd, sgemm, packing, fp16, bf16 */
     ep_ncnn_pool_kind pool; /* pool */
     unsigned slack;         /* pool=best<N>: a cached buffer serves requests down to 1/(1+N%) of its size */
+    int isa;                /* isa: 3 avx512 (as detected), 2 avx2 (no AVX-512), 1 sse (no AVX) */
 } ep_ncnn_switch;
 
 /* The next item of *list into *sw (key EP_NCNN_SW_END once the list, or a NULL list, is used up);
@@ -90,9 +92,18 @@ static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status 
             }
             sw->pool = EP_NCNN_POOL_BEST;
         }
+    } else if (strcmp(k, "isa") == 0) {
+        sw->key = EP_NCNN_SW_ISA;
+        if (strcmp(v, "avx512") == 0) sw->isa = 3;
+        else if (strcmp(v, "avx2") == 0) sw->isa = 2;
+        else if (strcmp(v, "sse") == 0) sw->isa = 1;
+        else {
+            sw->key = EP_NCNN_SW_END;
+            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: isa=%s: avx512, avx2 or sse", v);
+        }
     } else {
         return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: unknown switch '%s' (winograd, sgemm, "
-                       "packing, fp16, bf16, pool)", k);
+                       "packing, fp16, bf16, pool, isa)", k);
     }
     return EP_OK;
 }

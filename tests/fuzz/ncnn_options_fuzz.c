@@ -56,14 +56,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
 #ifndef EP_LIBFUZZER
 static const char *const TOKENS[] = {"winograd=", "sgemm=", "packing=", "fp16=", "bf16=", "pool=", "best", "best300",
-                                     "local", "shared", "one", "unlocked", "none", "arena", "=1", "=0", ",", ",,", "=",
+                                     "local", "shared", "one", "unlocked", "none", "arena", "isa=", "avx2", "avx512", "sse", "=1", "=0", ",", ",,", "=",
                                      "1000", "1001", "99999999999999999999", "-1", " 5", "+5"};
 
-/* known lists -> (items or -1 for an error, first item's key, on, pool, slack) */
+/* known lists -> (items or -1 for an error, first item's key, on, pool, slack, isa level) */
 static const struct {
     const char *list;
     int items, key, on, pool;
     unsigned slack;
+    int isa;
 } KNOWN[] = {
     {"", 0, 0, 0, 0, 0},
     {"winograd=0", 1, EP_NCNN_SW_WINOGRAD, 0, 0, 0},
@@ -76,6 +77,10 @@ static const struct {
     {"pool=local,pool=unlocked", 2, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_LOCAL, 100},
     {"pool=none", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_NONE, 100},
     {"pool=arena", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_ARENA, 100},
+    {"isa=avx2,pool=arena", 2, EP_NCNN_SW_ISA, 0, 0, 0, 2},
+    {"isa=sse", 1, EP_NCNN_SW_ISA, 0, 0, 0, 1},
+    {"isa=avx512", 1, EP_NCNN_SW_ISA, 0, 0, 0, 3},
+    {"isa=avx3", -1, 0, 0, 0, 0},
     {"pool=best1001", -1, 0, 0, 0, 0},
     {"pool=best-5", -1, 0, 0, 0, 0},
     {"pool=best 5", -1, 0, 0, 0, 0},
@@ -97,7 +102,8 @@ int main(int argc, char **argv) {
         int ok = n == KNOWN[i].items;
         if (ok && n > 0)
             ok = (int)sws[0].key == KNOWN[i].key && sws[0].on == KNOWN[i].on &&
-                 (sws[0].key != EP_NCNN_SW_POOL || ((int)sws[0].pool == KNOWN[i].pool && sws[0].slack == KNOWN[i].slack));
+                 (sws[0].key != EP_NCNN_SW_POOL || ((int)sws[0].pool == KNOWN[i].pool && sws[0].slack == KNOWN[i].slack)) &&
+                 (sws[0].key != EP_NCNN_SW_ISA || sws[0].isa == KNOWN[i].isa);
         if (!ok) {
             fprintf(stderr, "known list '%s': parsed %d items (key %d on %d pool %d slack %u), expected %d\n",
                     KNOWN[i].list, n, sws[0].key, sws[0].on, sws[0].pool, sws[0].slack, KNOWN[i].items);

@@ -1,5 +1,6 @@
-"""A direct AVX-512 kernel for ncnn's x86 1x1 convolutions and its 3x3 ones with few input channels
-(src/layer/x86/convolution_x86.cpp, convolution_x86.h).
+"""A direct kernel for ncnn's x86 1x1 convolutions and its 3x3 ones with few input channels
+(src/layer/x86/convolution_x86.cpp, convolution_x86.h, convolution_x86_fma.cpp), for AVX-512 CPUs and
+for CPUs with FMA and F16C (AVX2 class: Haswell and later, Zen, Gracemont).
 
 ncnn runs a 3x3 stride-1 layer with more than 8 channels on either side as Winograd, a stride-2 one
 and every 1x1 as a GEMM (im2col first for the 3x3). Both pay off where K = input channels x 9 is
@@ -9,10 +10,11 @@ core of the AVX-512 Xeon (FMA peak ~200 GFLOP/s), ddddocr_det's 12 -> 24 layer a
 (im2col), its 48 -> 24 1x1 layers at 104 x 104 at 35, and the 1x1 layers of four corpus CNNs at
 55-130 (the GEMM packs both operands first); onnxruntime's direct NCHWc kernels reach ~160.
 
-The kernel computes 32 output channels (two registers) x 12 output pixels of one row at a time: for
-every (input channel, ky, kx) it loads two weight vectors and broadcasts 12 input values, 24 FMAs
-from 14 loads, the weights of a 32-channel block ([input channel x k x k][32], zero-padded past the
-layer's channels) read in order. It reads the input in whatever packing ncnn gave it (1, 4, 8 or 16
+The kernel computes two registers of output channels x a row of output pixels at a time: on AVX-512
+32 channels x 12 pixels, for every (input channel, ky, kx) two weight vectors and 12 broadcast input
+values, 24 FMAs from 14 loads; with 8 lanes 16 channels x 6 pixels, 12 FMAs from 8 loads (16
+registers). The weights of a block ([input channel x k x k][block], zero-padded past the layer's
+channels) are read in order. It reads the input in whatever packing ncnn gave it (1, 4, 8 or 16
 channels per pixel) and writes 8- or 16-channel packing, so the layers around it are unchanged.
 Threads take runs of output rows (3x3), or of pixels (unpadded 1x1, walked 96 pixels at a time),
 like the rest of thread_split_patch.py's layers.
@@ -33,9 +35,14 @@ Taken otherwise where `ep_c3_wanted` says: fp32 with packing, output channels a 
   were not measured.
 The kernel sums each output over (input channel, ky, kx) in fp32 in that order, one fused
 multiply-add each: not bit-identical to Winograd or GEMM, so the build verifies against onnxruntime
-as for any kernel (and tests/test_ncnn_direct_conv.py checks the order bit for bit). Only the AVX-512
-build of the layer has it (ncnn compiles convolution_x86.cpp once per ISA and picks one by CPUID), so
-AVX2 and SSE CPUs run ncnn's kernels.
+as for any kernel (and tests/test_ncnn_direct_conv.py checks the order bit for bit, on both widths).
+
+ncnn compiles convolution_x86.cpp once per ISA and picks a build by CPUID: AVX-512, AVX (for AVX and
+AVX2 CPUs, compiled with -mavx only, calling FMA helpers compiled apart in convolution_x86_fma.cpp
+where the CPU has FMA) or SSE2. The AVX-512 build holds the 16-lane kernel; the 8-lane one lives in
+convolution_x86_fma.cpp, and the AVX build of the layer calls it where the CPU has FMA and F16C. SSE
+CPUs and AVX CPUs without FMA (Sandy Bridge) run ncnn's kernels. The break-even is the one measured
+on AVX-512.
 
 Applied as exact text edits that must each match, like source_patch.py. Only x86 builds compile
 these files, so only their cache key carries DIRECT_CONV_PATCH_KEY.
@@ -46,99 +53,104 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-DIRECT_CONV_PATCH_VERSION = 3  # part of the x86 libncnn cache key (library.py)
+DIRECT_CONV_PATCH_VERSION = 4  # part of the x86 libncnn cache key (library.py)
 
 CONV_FILE = "src/layer/x86/convolution_x86.cpp"
 CONV_HEADER = "src/layer/x86/convolution_x86.h"
+FMA_FILE = "src/layer/x86/convolution_x86_fma.cpp"
 
-_KERNEL = r'''
+# The kernel for one register width. ep_c3_isa (in an anonymous namespace: each file that compiles the
+# kernel gets its own, so the AVX-512 and the FMA copies can never be merged by the linker) says how
+# wide a register is and how many output pixels a step computes:
+# - AVX-512: 16 lanes, blocks of 32 output channels (2 registers) x 12 pixels: 24 accumulators, 2
+#   weights and 1 broadcast of the 32 registers;
+# - FMA (AVX2-class CPUs): 8 lanes, blocks of 16 output channels x 6 pixels: 12 + 2 + 1 of the 16.
+_BODY = r'''
+namespace {
+
 #if __AVX512F__
-// edgepack (direct_conv_patch.py): direct 3x3 and 1x1 convolutions for layers with few input channels.
-static bool ep_c3_wanted(int num_input, int num_output, int kernel_w, int kernel_h, int dilation_w, int dilation_h, int stride_w, int stride_h, const Option& opt)
+struct ep_c3_isa
 {
-    if (!opt.use_packing_layout || opt.use_bf16_storage || dilation_w != 1 || dilation_h != 1 || stride_w != stride_h || num_output % 8 != 0)
-        return false;
-    // `--memory lean` (memory.py) masks Winograd on every layer it wants here: no transformed
-    // kernels, no im2col or GEMM workspace, whatever the break-even
-    if (!opt.use_winograd_convolution)
-        return (kernel_w == 3 && kernel_h == 3 && (stride_w == 1 || stride_w == 2)) || (kernel_w == 1 && kernel_h == 1 && stride_w == 1);
-    // 3x3, measured break-even (direct_conv_patch.py): Winograd wins from 16 input channels at
-    // stride 1, im2col + GEMM from 128 at stride 2
-    if (kernel_w == 3 && kernel_h == 3)
-        return stride_w == 1 ? num_input < 16 : stride_w == 2 && num_input <= 96;
-    // 1x1: faster than ncnn's GEMM on every layer measured (up to 768 -> 384 channels)
-    if (kernel_w == 1 && kernel_h == 1 && stride_w == 1)
-        return num_input <= 768 && num_output <= 512;
-    return false;
-}
+    typedef __m512 v;
+    enum { lanes = 16, pixels = 12, mid_pixels = 4 };
+    static inline v load(const float* p) { return _mm512_loadu_ps(p); }
+    static inline v load(const unsigned short* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+    static inline v set1(float x) { return _mm512_set1_ps(x); }
+    static inline v fmadd(v a, v b, v c) { return _mm512_fmadd_ps(a, b, c); }
+    static inline void store(float* p, v a) { _mm512_storeu_ps(p, a); }
+    static inline void store(unsigned short* p, v a) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+    static inline bool fp16_exact(v a) { return _mm512_cmp_ps_mask(_mm512_cvtph_ps(_mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)), a, _CMP_EQ_OQ) == 0xffff; }
+    // the two halves of a register, for an output packed 8 channels per pixel
+    static inline void store_lo8(float* p, v a) { _mm256_storeu_ps(p, _mm512_castps512_ps256(a)); }
+    static inline void store_hi8(float* p, v a) { _mm256_storeu_ps(p, _mm512_extractf32x8_ps(a, 1)); }
+};
+#else
+struct ep_c3_isa
+{
+    typedef __m256 v;
+    enum { lanes = 8, pixels = 6, mid_pixels = 2 };
+    static inline v load(const float* p) { return _mm256_loadu_ps(p); }
+    static inline v load(const unsigned short* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+    static inline v set1(float x) { return _mm256_set1_ps(x); }
+    static inline v fmadd(v a, v b, v c) { return _mm256_fmadd_ps(a, b, c); }
+    static inline void store(float* p, v a) { _mm256_storeu_ps(p, a); }
+    static inline void store(unsigned short* p, v a) { _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+    static inline bool fp16_exact(v a) { return _mm256_movemask_ps(_mm256_cmp_ps(_mm256_cvtph_ps(_mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)), a, _CMP_EQ_OQ)) == 0xff; }
+    // 8 lanes: the output is always packed 8 (ep_c3_supported), so only a whole register is stored
+    static inline void store_lo8(float* p, v a) { _mm256_storeu_ps(p, a); }
+    static inline void store_hi8(float*, v) {}
+};
+#endif
+typedef ep_c3_isa V;
+enum { EP_C3_BLOCK = 2 * V::lanes }; // output channels per block
 
 // Whether each of the n weights survives a round trip through fp16. pnnx stores weights as fp16
 // unless a build asks for fp32, so the kernel can usually keep the same values at half the bytes.
 static bool ep_c3_fp16_exact(const float* w, size_t n)
 {
-    for (size_t i = 0; i < n; i += 16)
+    size_t i = 0;
+    for (; i + V::lanes <= n; i += V::lanes)
     {
-        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m512 v = _mm512_maskz_loadu_ps(m, w + i);
-        __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        if (_mm512_cmp_ps_mask(_mm512_cvtph_ps(h), v, _CMP_EQ_OQ) != 0xffff)
+        if (!V::fp16_exact(V::load(w + i)))
             return false;
     }
-    return true;
+    float tail[V::lanes] = {0.f};
+    memcpy(tail, w + i, (n - i) * sizeof(float));
+    return V::fp16_exact(V::load(tail));
 }
 
-// 16 floats into the packed weights, as they are or as fp16 (exact: ep_c3_fp16_exact said so)
-static inline void ep_c3_store(const float* src, float* dst)
-{
-    _mm512_storeu_ps(dst, _mm512_loadu_ps(src));
-}
-
-static inline void ep_c3_store(const float* src, unsigned short* dst)
-{
-    _mm256_storeu_si256((__m256i*)dst, _mm512_cvtps_ph(_mm512_loadu_ps(src), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-// wp: [ceil(num_output / 32)][num_input * maxk][32], zero past num_output; one block of 32 output
-// channels at a time through an fp32 scratch row, so no fp32 copy of the whole layer is made.
+// wp: [ceil(num_output / block)][num_input * maxk][block], zero past num_output, as fp32 or fp16 (W);
+// one block of output channels at a time through an fp32 scratch row, so no fp32 copy of the whole
+// layer is made.
 template<typename W>
 static void ep_c3_pack_weights(const float* w, int num_input, int maxk, int num_output, W* wp)
 {
     const int K = num_input * maxk;
-    float row[32];
-    for (int oc0 = 0; oc0 < num_output; oc0 += 32)
+    float row[EP_C3_BLOCK];
+    for (int oc0 = 0; oc0 < num_output; oc0 += EP_C3_BLOCK)
     {
         for (int k = 0; k < K; k++)
         {
-            for (int j = 0; j < 32; j++)
+            for (int j = 0; j < EP_C3_BLOCK; j++)
                 row[j] = oc0 + j < num_output ? w[(size_t)(oc0 + j) * K + k] : 0.f;
-            W* dst = wp + ((size_t)(oc0 / 32) * K + k) * 32;
-            ep_c3_store(row, dst);
-            ep_c3_store(row + 16, dst + 16);
+            W* dst = wp + ((size_t)(oc0 / EP_C3_BLOCK) * K + k) * EP_C3_BLOCK;
+            V::store(dst, V::load(row));
+            V::store(dst + V::lanes, V::load(row + V::lanes));
         }
     }
 }
 
-static inline __m512 ep_c3_w(const float* p)
-{
-    return _mm512_loadu_ps(p);
-}
-
-static inline __m512 ep_c3_w(const unsigned short* p)
-{
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
-}
-
-// NP output pixels x NV registers of 16 output channels, a KS x KS kernel at stride S over input
+// NP output pixels x NV registers of output channels, a KS x KS kernel at stride S over input
 // packed EP channels per pixel. kx is not unrolled: unrolled, the compiler keeps each broadcast for
 // the three kx that reuse it and spills the accumulators.
 template<typename W, int NP, int NV, int S, int EP, int KS>
 static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int num_input, const W* wp, const float* bias,
                                int oc0, int num_output, int oy, int ox, float* out, size_t out_cstep, int outw, int out_ep)
 {
-    __m512 acc[NV][NP];
+    V::v acc[NV][NP];
     _Pragma("unroll") for (int v = 0; v < NV; v++)
     {
-        __m512 b = _mm512_loadu_ps(bias + v * 16);
+        V::v b = V::load(bias + v * V::lanes);
         _Pragma("unroll") for (int p = 0; p < NP; p++) acc[v][p] = b;
     }
     const W* wk = wp;
@@ -150,35 +162,35 @@ static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int nu
             const float* row = inp + ((size_t)(oy * S + ky) * inw + (size_t)ox * S) * EP;
             _Pragma("nounroll") for (int kx = 0; kx < KS; kx++)
             {
-                __m512 w0 = ep_c3_w(wk + (ky * KS + kx) * 32);
-                __m512 w1 = NV > 1 ? ep_c3_w(wk + (ky * KS + kx) * 32 + 16) : w0;
+                V::v w0 = V::load(wk + (ky * KS + kx) * EP_C3_BLOCK);
+                V::v w1 = NV > 1 ? V::load(wk + (ky * KS + kx) * EP_C3_BLOCK + V::lanes) : w0;
                 _Pragma("unroll") for (int p = 0; p < NP; p++)
                 {
-                    __m512 x = _mm512_set1_ps(row[(p * S + kx) * EP]);
-                    acc[0][p] = _mm512_fmadd_ps(w0, x, acc[0][p]);
-                    if (NV > 1) acc[NV - 1][p] = _mm512_fmadd_ps(w1, x, acc[NV - 1][p]);
+                    V::v x = V::set1(row[(p * S + kx) * EP]);
+                    acc[0][p] = V::fmadd(w0, x, acc[0][p]);
+                    if (NV > 1) acc[NV - 1][p] = V::fmadd(w1, x, acc[NV - 1][p]);
                 }
             }
         }
-        wk += KS * KS * 32;
+        wk += KS * KS * EP_C3_BLOCK;
     }
     const size_t pix = (size_t)oy * outw + ox;
     _Pragma("unroll") for (int v = 0; v < NV; v++)
     {
-        const int oc = oc0 + v * 16;
-        if (out_ep == 16)
+        const int oc = oc0 + v * V::lanes;
+        if (out_ep == V::lanes)
         {
-            float* o = out + (size_t)(oc / 16) * out_cstep + pix * 16;
-            _Pragma("unroll") for (int p = 0; p < NP; p++) _mm512_storeu_ps(o + p * 16, acc[v][p]);
+            float* o = out + (size_t)(oc / V::lanes) * out_cstep + pix * V::lanes;
+            _Pragma("unroll") for (int p = 0; p < NP; p++) V::store(o + p * V::lanes, acc[v][p]);
         }
-        else
+        else // 16 lanes into an output packed 8 (ep_c3_supported allows nothing else)
         {
             float* o0 = out + (size_t)(oc / 8) * out_cstep + pix * 8;
-            _Pragma("unroll") for (int p = 0; p < NP; p++) _mm256_storeu_ps(o0 + p * 8, _mm512_castps512_ps256(acc[v][p]));
+            _Pragma("unroll") for (int p = 0; p < NP; p++) V::store_lo8(o0 + p * 8, acc[v][p]);
             if (oc + 8 < num_output)
             {
                 float* o1 = o0 + out_cstep;
-                _Pragma("unroll") for (int p = 0; p < NP; p++) _mm256_storeu_ps(o1 + p * 8, _mm512_extractf32x8_ps(acc[v][p], 1));
+                _Pragma("unroll") for (int p = 0; p < NP; p++) V::store_hi8(o1 + p * 8, acc[v][p]);
             }
         }
     }
@@ -190,24 +202,24 @@ static void ep_c3_row(const float* in, int inw, size_t in_cstep, int num_input, 
                       int oc0, int num_output, int oy, int ox0, int ox1, float* out, size_t out_cstep, int outw, int out_ep)
 {
     int ox = ox0;
-    for (; ox + 12 <= ox1; ox += 12)
-        ep_c3_block<W, 12, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, out, out_cstep, outw, out_ep);
-    for (; ox + 4 <= ox1; ox += 4)
-        ep_c3_block<W, 4, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, out, out_cstep, outw, out_ep);
+    for (; ox + V::pixels <= ox1; ox += V::pixels)
+        ep_c3_block<W, V::pixels, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, out, out_cstep, outw, out_ep);
+    for (; ox + V::mid_pixels <= ox1; ox += V::mid_pixels)
+        ep_c3_block<W, V::mid_pixels, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, out, out_cstep, outw, out_ep);
     for (; ox < ox1; ox++)
         ep_c3_block<W, 1, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, out, out_cstep, outw, out_ep);
 }
 
-// every 32-channel block of output pixels [ox0, ox1) of row oy
+// every block of output channels for output pixels [ox0, ox1) of row oy
 template<typename W>
 static void ep_c3_span(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const W* wp, const float* bias,
                        int num_output, int stride, int oy, int ox0, int ox1, float* out, size_t out_cstep, int outw, int out_ep)
 {
     const int K = num_input * ks * ks;
-    for (int oc0 = 0; oc0 < num_output; oc0 += 32)
+    for (int oc0 = 0; oc0 < num_output; oc0 += EP_C3_BLOCK)
     {
-        const W* w = wp + (size_t)(oc0 / 32) * K * 32;
-        const bool two = num_output - oc0 > 16;
+        const W* w = wp + (size_t)(oc0 / EP_C3_BLOCK) * K * EP_C3_BLOCK;
+        const bool two = num_output - oc0 > V::lanes;
 #define EP_C3_ROW(NV, S, EP, KS) ep_c3_row<W, NV, S, EP, KS>(in, inw, in_cstep, num_input, w, bias + oc0, oc0, num_output, oy, ox0, ox1, out, out_cstep, outw, out_ep)
 #define EP_C3_EP(NV, S, KS) if (ep == 1) EP_C3_ROW(NV, S, 1, KS); else if (ep == 4) EP_C3_ROW(NV, S, 4, KS); else if (ep == 8) EP_C3_ROW(NV, S, 8, KS); else EP_C3_ROW(NV, S, 16, KS)
         if (ks == 1)
@@ -227,14 +239,16 @@ static void ep_c3_span(const float* in, int inw, size_t in_cstep, int ep, int nu
     }
 }
 
-// the packings and kernels the kernel is written for
+// the packings and kernels the kernel is written for: input packed 1, 4, 8 (or 16 with 16 lanes),
+// output packed 8 or a whole register
 static inline bool ep_c3_supported(int ep, int out_ep, int ks, int stride)
 {
-    return (ep == 1 || ep == 4 || ep == 8 || ep == 16) && (out_ep == 8 || out_ep == 16) && ((ks == 3 && (stride == 1 || stride == 2)) || (ks == 1 && stride == 1));
+    return (ep == 1 || ep == 4 || ep == 8 || (ep == 16 && V::lanes == 16)) && (out_ep == 8 || out_ep == V::lanes)
+           && ((ks == 3 && (stride == 1 || stride == 2)) || (ks == 1 && stride == 1));
 }
 
 // in: the padded input (inw pixels wide), in_cstep floats between its channel groups of ep channels;
-// wp (fp32 or fp16, W) and bias (num_output rounded up to 32, zero-padded) from create_pipeline;
+// wp (fp32 or fp16, W) and bias (num_output rounded up to a block, zero-padded) from ep_c3_prepare;
 // out: the output, out_cstep floats between its groups of out_ep channels. Threads take runs of
 // output rows, or of pixels for an unpadded 1x1.
 template<typename W>
@@ -248,7 +262,7 @@ static int ep_c3_forward(const float* in, int inw, size_t in_cstep, int ep, int 
         // one run of pixels per thread, walked 96 pixels at a time so each stretch of input stays
         // in cache while every block of output channels reads it
         const int npix = outw * outh;
-        const int run = ((npix + nthreads - 1) / nthreads + 11) / 12 * 12;
+        const int run = ((npix + nthreads - 1) / nthreads + V::pixels - 1) / V::pixels * V::pixels;
         #pragma omp parallel for num_threads(nthreads)
         for (int t = 0; t < nthreads; t++)
         {
@@ -309,41 +323,141 @@ static int ep_c3_forward_padded(const float* in, int inw, int inh, size_t in_cst
     }
     return 0;
 }
-#endif // __AVX512F__
+
+// create_pipeline's part: the packed weights (fp16 when half_ok and every weight converts exactly)
+// and the bias zero-padded to whole blocks. 0, or -100 when out of memory.
+static int ep_c3_prepare(const float* weight, const float* bias, int num_input, int maxk, int num_output, bool half_ok, Mat& wp, Mat& bp)
+{
+    const int nb = (num_output + EP_C3_BLOCK - 1) / EP_C3_BLOCK;
+    const bool half = half_ok && ep_c3_fp16_exact(weight, (size_t)num_output * num_input * maxk);
+    wp.create(nb * num_input * maxk * EP_C3_BLOCK, half ? (size_t)2u : (size_t)4u);
+    bp.create(nb * EP_C3_BLOCK, (size_t)4u);
+    if (wp.empty() || bp.empty())
+        return -100;
+    if (half)
+        ep_c3_pack_weights(weight, num_input, maxk, num_output, (unsigned short*)wp.data);
+    else
+        ep_c3_pack_weights(weight, num_input, maxk, num_output, (float*)wp.data);
+    bp.fill(0.f);
+    if (bias)
+        memcpy(bp.data, bias, num_output * sizeof(float));
+    return 0;
+}
+
+// forward's parts, for fp32 or fp16 weights (wp.elemsize)
+static int ep_c3_run(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const Mat& wp, const Mat& bp,
+                     int num_output, int stride, float* out, size_t out_cstep, int outw, int outh, int out_ep, int nthreads)
+{
+    if (wp.elemsize == 2u)
+        return ep_c3_forward(in, inw, in_cstep, ep, num_input, ks, (const unsigned short*)wp.data, (const float*)bp.data, num_output, stride, out, out_cstep, outw, outh, out_ep, nthreads);
+    return ep_c3_forward(in, inw, in_cstep, ep, num_input, ks, (const float*)wp.data, (const float*)bp.data, num_output, stride, out, out_cstep, outw, outh, out_ep, nthreads);
+}
+
+static int ep_c3_run_padded(const float* in, int inw, int inh, size_t in_cstep, int ep, int num_input, int ks, const Mat& wp, const Mat& bp,
+                            int num_output, int stride, int pad_left, int pad_top, float* out, size_t out_cstep, int outw, int outh, int out_ep,
+                            float* scratch, size_t scratch_cstep, int nthreads)
+{
+    if (wp.elemsize == 2u)
+        return ep_c3_forward_padded(in, inw, inh, in_cstep, ep, num_input, ks, (const unsigned short*)wp.data, (const float*)bp.data, num_output, stride,
+                                    pad_left, pad_top, out, out_cstep, outw, outh, out_ep, scratch, scratch_cstep, nthreads);
+    return ep_c3_forward_padded(in, inw, inh, in_cstep, ep, num_input, ks, (const float*)wp.data, (const float*)bp.data, num_output, stride,
+                                pad_left, pad_top, out, out_cstep, outw, outh, out_ep, scratch, scratch_cstep, nthreads);
+}
+
+} // namespace
+'''
+
+_SIGNATURES = r'''
+int ep_c3_prepare_fma(const float* weight, const float* bias, int num_input, int maxk, int num_output, bool half_ok, Mat& wp, Mat& bp)
+int ep_c3_run_fma(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const Mat& wp, const Mat& bp, int num_output, int stride, float* out, size_t out_cstep, int outw, int outh, int out_ep, int nthreads)
+int ep_c3_run_padded_fma(const float* in, int inw, int inh, size_t in_cstep, int ep, int num_input, int ks, const Mat& wp, const Mat& bp, int num_output, int stride, int pad_left, int pad_top, float* out, size_t out_cstep, int outw, int outh, int out_ep, float* scratch, size_t scratch_cstep, int nthreads)
+'''.strip().splitlines()
+
+
+def _call(signature: str, name: str) -> str:
+    """The call that forwards a signature's parameters to ``name``."""
+    params = signature[signature.index("(") + 1:-1].split(", ")
+    return f"{name}({', '.join(p.split()[-1].lstrip('&*') for p in params)})"
+
+
+# convolution_x86_fma.cpp (compiled with -mavx -mfma -mf16c): the 8-lane kernel and its entry points,
+# which the AVX build of the layer calls on CPUs with FMA and F16C.
+_FMA_KERNEL = ("\n#if __FMA__ && __F16C__ && !__AVX512F__\n// edgepack (direct_conv_patch.py): the direct kernel"
+               " for CPUs with FMA and F16C (AVX2 class)" + _BODY
+               + "".join(f"\n{s}\n{{\n    return {_call(s, s.split()[1].split('(')[0][:-len('_fma')])};\n}}\n"
+                         for s in _SIGNATURES)
+               + "#endif // __FMA__ && __F16C__ && !__AVX512F__\n\n")
+
+# convolution_x86.cpp: which layers the kernel takes (every build); the 16-lane kernel in the AVX-512
+# build; forwarders to convolution_x86_fma.cpp in the AVX build (ncnn's layer for AVX and AVX2 CPUs,
+# compiled with -mavx only), used where the CPU has FMA and F16C.
+_KERNEL = r'''
+// edgepack (direct_conv_patch.py): direct 3x3 and 1x1 convolutions for layers with few input channels.
+#if __AVX512F__
+#define EP_C3_WHERE 1 // the kernel is in this file
+#elif __AVX__ && !__FMA__ && NCNN_RUNTIME_CPU && NCNN_FMA && NCNN_F16C
+#define EP_C3_WHERE 2 // the kernel is in convolution_x86_fma.cpp
+#else
+#define EP_C3_WHERE 0
+#endif
+
+#if EP_C3_WHERE
+static bool ep_c3_wanted(int num_input, int num_output, int kernel_w, int kernel_h, int dilation_w, int dilation_h, int stride_w, int stride_h, const Option& opt)
+{
+    if (!opt.use_packing_layout || opt.use_bf16_storage || dilation_w != 1 || dilation_h != 1 || stride_w != stride_h || num_output % 8 != 0)
+        return false;
+    // `--memory lean` (memory.py) masks Winograd on every layer it wants here: no transformed
+    // kernels, no im2col or GEMM workspace, whatever the break-even
+    if (!opt.use_winograd_convolution)
+        return (kernel_w == 3 && kernel_h == 3 && (stride_w == 1 || stride_w == 2)) || (kernel_w == 1 && kernel_h == 1 && stride_w == 1);
+    // 3x3, measured break-even (direct_conv_patch.py): Winograd wins from 16 input channels at
+    // stride 1, im2col + GEMM from 128 at stride 2
+    if (kernel_w == 3 && kernel_h == 3)
+        return stride_w == 1 ? num_input < 16 : stride_w == 2 && num_input <= 96;
+    // 1x1: faster than ncnn's GEMM on every layer measured (up to 768 -> 384 channels)
+    if (kernel_w == 1 && kernel_h == 1 && stride_w == 1)
+        return num_input <= 768 && num_output <= 512;
+    return false;
+}
+#endif
+
+#if EP_C3_WHERE == 1
+''' + _BODY + r'''
+static inline bool ep_c3_available()
+{
+    return true;
+}
+#elif EP_C3_WHERE == 2
+''' + "".join(f"{s};\n" for s in _SIGNATURES) + r'''
+static inline bool ep_c3_available()
+{
+    return cpu_support_x86_fma() && cpu_support_x86_f16c();
+}
+''' + "".join(f"static inline {s.replace('_fma(', '(', 1)}\n{{\n    return {_call(s, s.split()[1].split('(')[0])};\n}}\n"
+              for s in _SIGNATURES) + r'''#endif // EP_C3_WHERE
 '''
 
 _CREATE = r'''
-#if __AVX512F__
-    if (ep_c3_wanted(num_input, num_output, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, opt))
+#if EP_C3_WHERE
+    if (ep_c3_available() && ep_c3_wanted(num_input, num_output, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, opt))
     {
-        const int nb = (num_output + 31) / 32;
-        const int maxk = kernel_w * kernel_h;
-        // `--memory lean`: fp16 weights where that loses nothing (6-12% slower, measured);
-        // elemsize 2 tells forward
-        const bool half = !opt.use_winograd_convolution && ep_c3_fp16_exact(weight_data, (size_t)num_output * num_input * maxk);
-        weight_ep_c3.create(nb * num_input * maxk * 32, half ? (size_t)2u : (size_t)4u);
-        bias_ep_c3.create(nb * 32, (size_t)4u);
-        if (weight_ep_c3.empty() || bias_ep_c3.empty())
-            return -100;
-        if (half)
-            ep_c3_pack_weights(weight_data, num_input, maxk, num_output, (unsigned short*)weight_ep_c3.data);
-        else
-            ep_c3_pack_weights(weight_data, num_input, maxk, num_output, (float*)weight_ep_c3.data);
-        bias_ep_c3.fill(0.f);
-        if (bias_term)
-            memcpy(bias_ep_c3, bias_data, num_output * sizeof(float));
+        // `--memory lean`: fp16 weights where that loses nothing (6-12% slower, measured)
+        int ret = ep_c3_prepare(weight_data, bias_term ? (const float*)bias_data : 0, num_input, kernel_w * kernel_h, num_output,
+                                !opt.use_winograd_convolution, weight_ep_c3, bias_ep_c3);
+        if (ret != 0)
+            return ret;
 
         if (opt.lightmode)
             weight_data.release();
 
         return 0;
     }
-#endif // __AVX512F__
+#endif // EP_C3_WHERE
 
 '''
 
 _FORWARD_PADDED = r'''
-#if __AVX512F__
+#if EP_C3_WHERE
     if (!weight_ep_c3.empty() && pad_value == 0.f && pad_left >= 0 && pad_right >= 0 && pad_top >= 0 && pad_bottom >= 0
         && (pad_left > 0 || pad_right > 0 || pad_top > 0 || pad_bottom > 0))
     {
@@ -353,7 +467,11 @@ _FORWARD_PADDED = r'''
             return -1;
         const int outw = (w + pad_left + pad_right - kernel_w) / stride_w + 1;
         const int outh = (h + pad_top + pad_bottom - kernel_h) / stride_h + 1;
+#if __AVX512F__
         const int out_elempack = num_output % 16 == 0 ? 16 : 8; // as below: ep_c3_wanted asked for a multiple of 8
+#else
+        const int out_elempack = 8;
+#endif
         top_blob.create(outw, outh, num_output / out_elempack, (size_t)4u * out_elempack, out_elempack, opt.blob_allocator);
         if (top_blob.empty())
             return -100;
@@ -362,13 +480,9 @@ _FORWARD_PADDED = r'''
         Mat scratch((int)(scratch_cstep * channels * opt.num_threads), (size_t)4u, opt.workspace_allocator);
         if (scratch.empty())
             return -100;
-        const int num_input = channels * elempack;
-        const size_t out_cstep = top_blob.cstep * out_elempack;
-        int ret = weight_ep_c3.elemsize == 2u
-                  ? ep_c3_forward_padded(bottom_blob, w, h, bottom_blob.cstep * elempack, elempack, num_input, kernel_w, (const unsigned short*)weight_ep_c3.data, bias_ep_c3,
-                                         num_output, stride_w, pad_left, pad_top, (float*)top_blob.data, out_cstep, outw, outh, out_elempack, scratch, scratch_cstep, opt.num_threads)
-                  : ep_c3_forward_padded(bottom_blob, w, h, bottom_blob.cstep * elempack, elempack, num_input, kernel_w, (const float*)weight_ep_c3.data, bias_ep_c3,
-                                         num_output, stride_w, pad_left, pad_top, (float*)top_blob.data, out_cstep, outw, outh, out_elempack, scratch, scratch_cstep, opt.num_threads);
+        int ret = ep_c3_run_padded(bottom_blob, w, h, bottom_blob.cstep * elempack, elempack, channels * elempack, kernel_w, weight_ep_c3, bias_ep_c3,
+                                   num_output, stride_w, pad_left, pad_top, (float*)top_blob.data, top_blob.cstep * out_elempack, outw, outh, out_elempack,
+                                   scratch, scratch_cstep, opt.num_threads);
         if (ret != 0)
             return ret;
 
@@ -378,25 +492,19 @@ _FORWARD_PADDED = r'''
         }
         return 0;
     }
-#endif // __AVX512F__
+#endif // EP_C3_WHERE
 
 '''
 
 _FORWARD = r'''
-#if __AVX512F__
+#if EP_C3_WHERE
     if (!weight_ep_c3.empty())
     {
         // create_pipeline chose the direct kernel (ep_c3_wanted): fp32, packed, 3x3 or 1x1
         if (elemsize != (size_t)4u * elempack)
             return -1;
-        const float* in = bottom_blob_bordered;
-        const size_t in_cstep = bottom_blob_bordered.cstep * elempack;
-        const size_t out_cstep = top_blob.cstep * out_elempack;
-        int ret = weight_ep_c3.elemsize == 2u
-                  ? ep_c3_forward(in, w, in_cstep, elempack, num_input, kernel_w, (const unsigned short*)weight_ep_c3.data, bias_ep_c3,
-                                  num_output, stride_w, (float*)top_blob.data, out_cstep, outw, outh, out_elempack, opt.num_threads)
-                  : ep_c3_forward(in, w, in_cstep, elempack, num_input, kernel_w, (const float*)weight_ep_c3.data, bias_ep_c3,
-                                  num_output, stride_w, (float*)top_blob.data, out_cstep, outw, outh, out_elempack, opt.num_threads);
+        int ret = ep_c3_run(bottom_blob_bordered, w, bottom_blob_bordered.cstep * elempack, elempack, num_input, kernel_w, weight_ep_c3, bias_ep_c3,
+                            num_output, stride_w, (float*)top_blob.data, top_blob.cstep * out_elempack, outw, outh, out_elempack, opt.num_threads);
         if (ret != 0)
             return ret;
 
@@ -406,7 +514,7 @@ _FORWARD = r'''
         }
         return 0;
     }
-#endif // __AVX512F__
+#endif // EP_C3_WHERE
 '''
 
 # fp32 create_pipeline (the bf16 one offers no Winograd F(6,3)), and the fp32 forward (the one with
@@ -442,7 +550,13 @@ _HEADER_EDITS = (
      "    Mat weight_winograd63_data;\n    Mat weight_ep_c3; // edgepack direct_conv_patch.py\n    Mat bias_ep_c3;\n", 1),
 )
 
-_FILE_EDITS = ((CONV_FILE, _CONV_EDITS), (CONV_HEADER, _HEADER_EDITS))
+_FMA_EDITS = (
+    ("the FMA kernel, at the end",
+     "#endif // NCNN_BF16\n\n} // namespace ncnn\n",
+     "#endif // NCNN_BF16\n" + _FMA_KERNEL + "} // namespace ncnn\n", 1),
+)
+
+_FILE_EDITS = ((CONV_FILE, _CONV_EDITS), (CONV_HEADER, _HEADER_EDITS), (FMA_FILE, _FMA_EDITS))
 
 DIRECT_CONV_PATCH_KEY = file_edits_key(DIRECT_CONV_PATCH_VERSION, _FILE_EDITS)
 

@@ -25,6 +25,7 @@ from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
+from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .source_patch import PATCH_KEY, patch_source
 from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
@@ -38,7 +39,7 @@ def _arch_patches(target: Target) -> tuple:
     if target.arch != "x86_64":
         return ()
     return (("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
-            ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv))
+            ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap))
 
 
 BASE_OPTIONS = {
