@@ -18,7 +18,7 @@ def test_ncnn_options_parser_survives_fuzzing_under_asan(tmp_path):
     seeds = write_seeds(tmp_path / "seeds", ((f"seed{i}.txt", t.encode()) for i, t in enumerate(SEEDS)))
     out = run_fuzzer(exe, "6000", seeds)
     assert "known lists: 26 parsed as expected" in out
-    assert "fuzzed 30000 inputs" in out
+    assert "fuzzed 36000 inputs" in out  # 6 seeds x 6000
 
 
 def test_engine_applies_the_parsed_list(tiny_artifacts):

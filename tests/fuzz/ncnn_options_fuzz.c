@@ -32,10 +32,11 @@ static int parse_all(const char *list, ep_ncnn_switch *out, int cap) {
             return -1;
         }
         if (sw.key == EP_NCNN_SW_END) return (int)i;
-        if (sw.key > EP_NCNN_SW_POOL) fuzz_fail("key out of range");
+        if (sw.key > EP_NCNN_SW_ISA) fuzz_fail("key out of range");
         if (sw.on != 0 && sw.on != 1) fuzz_fail("on is neither 0 nor 1");
         if (sw.key == EP_NCNN_SW_POOL && (sw.pool > EP_NCNN_POOL_ARENA || sw.slack > 1000))
             fuzz_fail("pool kind or slack out of range");
+        if (sw.key == EP_NCNN_SW_ISA && (sw.isa < 1 || sw.isa > 3)) fuzz_fail("isa level out of range");
         if (cur != NULL && (cur <= before || cur > stop)) fuzz_fail("the cursor did not move forward inside the list");
         if ((int)i < cap) out[i] = sw;
     }
