@@ -24,7 +24,7 @@
 
 ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_pool.cc */
 ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve);        /* ep_ncnn_pool.cc */
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) /* isa_cap_patch.py patches x86_64 builds only */
 int ep_ncnn_cap_x86_isa(int level); /* libncnn's src/cpu.cpp (isa_cap_patch.py) */
 #endif
 /* address space the arena reserves (not memory: only pages touched count); a net whose tensors
@@ -172,7 +172,7 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
             ncnn_option_set_use_bf16_storage(e->opt, sw.on);
             ncnn_option_set_use_bf16_packed(e->opt, sw.on);
         } else if (sw.key == EP_NCNN_SW_ISA) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) /* isa_cap_patch.py patches x86_64 builds only */
             ep_ncnn_cap_x86_isa(sw.isa);  /* before the net exists: layers take their ISA build at creation */
 #else
             return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: isa= is for x86 artifacts");
