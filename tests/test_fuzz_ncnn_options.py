@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+from edgepack.runner import command_for
 from fuzz_targets import build_fuzzer, run_fuzzer, write_seeds
 
 SEEDS = ("winograd=1,sgemm=0,pool=arena", "pool=local,fp16=1,packing=0", "pool=unlocked,pool=none",
@@ -41,3 +42,8 @@ def test_engine_applies_the_parsed_list(tiny_artifacts):
     good = bench("winograd=0,sgemm=1,packing=1,fp16=0,pool=shared,pool=unlocked,pool=best50,pool=arena,isa=avx2")
     assert good.returncode == 0, good.stderr
     assert '"median_ms"' in good.stdout
+    # the ISA cap is an x86 switch: an Arm artifact says so instead of ignoring it
+    arm = subprocess.run(command_for(tiny_artifacts["arm64"], "max") + ["bench", "--runs", "1", "--warmup", "0"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "EDGEPACK_NCNN_OPTIONS": "isa=avx2"})
+    assert arm.returncode == 4 and "isa= is for x86 artifacts" in arm.stderr, (arm.returncode, arm.stderr)
