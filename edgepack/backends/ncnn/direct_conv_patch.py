@@ -374,18 +374,23 @@ int ep_c3_run_padded_fma(const float* in, int inw, int inh, size_t in_cstep, int
 '''.strip().splitlines()
 
 
-def _call(signature: str, name: str) -> str:
-    """The call that forwards a signature's parameters to ``name``."""
+def _name(signature: str) -> str:
+    """The function name in a signature."""
+    return signature[:signature.index("(")].split()[-1]
+
+
+def _forwarder(signature: str, callee: str) -> str:
+    """A function with this signature that passes its parameters on to ``callee``."""
     params = signature[signature.index("(") + 1:-1].split(", ")
-    return f"{name}({', '.join(p.split()[-1].lstrip('&*') for p in params)})"
+    args = ", ".join(p.split()[-1].lstrip("&*") for p in params)
+    return f"{signature}\n{{\n    return {callee}({args});\n}}\n"
 
 
 # convolution_x86_fma.cpp (compiled with -mavx -mfma -mf16c): the 8-lane kernel and its entry points,
 # which the AVX build of the layer calls on CPUs with FMA and F16C.
 _FMA_KERNEL = ("\n#if __FMA__ && __F16C__ && !__AVX512F__\n// edgepack (direct_conv_patch.py): the direct kernel"
                " for CPUs with FMA and F16C (AVX2 class)" + _BODY
-               + "".join(f"\n{s}\n{{\n    return {_call(s, s.split()[1].split('(')[0][:-len('_fma')])};\n}}\n"
-                         for s in _SIGNATURES)
+               + "".join("\n" + _forwarder(s, _name(s).removesuffix("_fma")) for s in _SIGNATURES)
                + "#endif // __FMA__ && __F16C__ && !__AVX512F__\n\n")
 
 # convolution_x86.cpp: which layers the kernel takes (every build); the 16-lane kernel in the AVX-512
@@ -433,8 +438,7 @@ static inline bool ep_c3_available()
 {
     return cpu_support_x86_fma() && cpu_support_x86_f16c();
 }
-''' + "".join(f"static inline {s.replace('_fma(', '(', 1)}\n{{\n    return {_call(s, s.split()[1].split('(')[0])};\n}}\n"
-              for s in _SIGNATURES) + r'''#endif // EP_C3_WHERE
+''' + "".join(_forwarder("static inline " + s.replace("_fma(", "(", 1), _name(s)) for s in _SIGNATURES) + r'''#endif // EP_C3_WHERE
 '''
 
 _CREATE = r'''
