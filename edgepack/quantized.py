@@ -31,6 +31,7 @@ _MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
 # exact on integers held in float32 while the values stay below 2^24 in magnitude
 _ARITH = {"Add", "Sub", "Mul", "Neg", "Abs", "Max", "Min", "Relu"}
 _INTEGRAL = {"Floor", "Ceil", "Round"}  # float outputs that already hold integers
+LOWERED_KEY = "edgepack.lowered_quantisation"  # metadata of a lowered graph (onnxsim keeps it)
 _BIG = float(2.0 ** 100)
 
 
@@ -261,7 +262,14 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
         out.opset_import.extend(kept)
     if lw.recurrent:
         out = quantise_recurrence(out, lw.recurrent, lw.counts)
+    out.metadata_props.append(onnx.StringStringEntryProto(key=LOWERED_KEY, value="dynamic-int8"))
     return out, lw.counts
+
+
+def rounds_quotients(proto: onnx.ModelProto) -> bool:
+    """Whether `proto` carries lowered dynamic quantisation: activations divided by a scale and
+    rounded, where a quotient one ulp off a tie rounds the other way (a fast-math division is)."""
+    return any(p.key == LOWERED_KEY for p in proto.metadata_props)
 
 
 def _live(nodes, inits, outputs: set[str]):

@@ -43,3 +43,27 @@ def test_the_cache_key_follows_the_text_of_the_edits_not_only_their_version():
     changed = ((what, old, new.replace("200000L", "100000L"), count),) + tuple(_EDITS[1:])
     assert new != changed[0][2] and edits_digest(changed) != edits_digest(_EDITS)
     assert edits_digest(_EDITS, LSTM_EDITS) != edits_digest(_EDITS)
+
+
+def test_exact_division_edits_leave_no_reciprocal_prone_division():
+    # every division the functors do is under EP_EXACT_DIV and on the operator (an intrinsic's own
+    # body is compiled under -ffast-math, out of the pragma's reach); aarch64 vectors too
+    from edgepack.backends.ncnn.exact_div_patch import _ARM_EDITS, _GENERIC_EDITS, _X86_EDITS
+    x86_new = "".join(new for _, _, new, _ in _X86_EDITS)
+    assert "_div_ps" not in x86_new
+    assert x86_new.count("EP_EXACT_DIV\n        return x / y;") == 4
+    assert x86_new.count("EP_EXACT_DIV\n        return y / x;") == 4
+    assert "".join(new for _, _, new, _ in _GENERIC_EDITS).count("EP_EXACT_DIV\n        return") == 2
+    arm_new = "".join(new for _, _, new, _ in _ARM_EDITS)
+    assert "vdivq_f32" not in arm_new and arm_new.count("ep_exact_div(x, y), ep_exact_div(x, y)") == 1
+    assert 'float_control(precise, on)' in x86_new
+
+
+def test_every_arch_keys_the_exact_division():
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.exact_div_patch import EXACT_DIV_PATCH_KEY
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    for name in ("x86_64", "arm64"):
+        patches = {key_name: key for key_name, key, _ in library._arch_patches(matrix.get(name))}
+        assert patches["exact_div_patch"] == EXACT_DIV_PATCH_KEY, name

@@ -61,6 +61,19 @@ def test_dynamic_quantize_linear_matches_onnxruntime_bit_for_bit(tmp_path):
             np.testing.assert_array_equal(w, g)
 
 
+def test_a_lowered_graph_says_it_rounds_quotients_and_simplify_keeps_it(tmp_path):
+    # the NCNN wheel's check reads this (it divides by reciprocals, the artifact does not)
+    from edgepack.model import simplify
+    from edgepack.quantized import rounds_quotients
+    proto = _model([h.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])],
+                   [h.make_tensor_value_info("x", T.FLOAT, [2, 6])],
+                   [h.make_tensor_value_info("y", T.UINT8, [2, 6]), h.make_tensor_value_info("s", T.FLOAT, []),
+                    h.make_tensor_value_info("z", T.UINT8, [])])
+    model, low = _lowered(tmp_path, proto)
+    assert not rounds_quotients(model.proto)
+    assert rounds_quotients(low.proto) and rounds_quotients(simplify(low).proto)
+
+
 def test_conv_integer_and_matmul_integer_match_onnxruntime(tmp_path):
     rng = np.random.default_rng(1)
     w = rng.integers(0, 256, (4, 3, 3, 3), dtype=np.uint8)

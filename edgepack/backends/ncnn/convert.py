@@ -17,6 +17,7 @@ from ... import proc
 from ...cache import cache_root, key_of, locked, sha256_bytes
 from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
+from ...quantized import rounds_quotients
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
 from .fuse import batch_shared_products
@@ -303,11 +304,21 @@ def _isolated_python_ncnn(model, args: tuple, timeout: float = 600) -> dict[str,
     return got
 
 
+# the wheel's check of a graph that rounds quotients (lowered dynamic int8): 10% of scale, cosine 0.99
+_ROUNDED_QUOTIENTS = Tolerance(atol=1e-3, rtol=0.1, min_cosine=0.99)
+
+
 def _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision) -> float:
     inputs = random_inputs(model.inputs, seed=1234)
     ref = run_onnxruntime(model, inputs)
     got = _isolated_python_ncnn(model, (param, binf, in_blobs, in_batch, out_blobs, out_batch, inputs, ref))
     tol = Tolerance(atol=1e-3, rtol=1e-2) if precision == "fp16" else Tolerance(atol=1e-4, rtol=1e-3)
+    if rounds_quotients(model.proto):
+        # The ncnn wheel divides by reciprocals (-ffast-math); the artifact's libncnn does not
+        # (exact_div_patch.py). Where quotients are rounded, a tie then flips and moves the output
+        # by a few % of its scale, so here only a gross mis-conversion fails; the artifact's own
+        # verification holds it to the one policy (reference.POLICY).
+        tol = _ROUNDED_QUOTIENTS
     results = compare(got, ref, tol)
     bad = [r for r in results if not r.ok]
     if bad:

@@ -25,6 +25,7 @@ from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
+from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .source_patch import PATCH_KEY, patch_source
@@ -34,12 +35,15 @@ RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
 
 def _arch_patches(target: Target) -> tuple:
-    """(cache-key name, version-digest, apply) of the source patches only this arch compiles: one list for
-    the key and the build, so they cannot disagree."""
+    """(cache-key name, version-digest, apply) of the source patches this arch's build applies (exact
+    division everywhere; the x86 kernels only on x86): one list for the key and the build, so they
+    cannot disagree."""
+    every_arch = (("exact_div_patch", EXACT_DIV_PATCH_KEY, patch_exact_div),)
     if target.arch != "x86_64":
-        return ()
-    return (("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
-            ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap))
+        return every_arch
+    return every_arch + (
+        ("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
+        ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap))
 
 
 BASE_OPTIONS = {
