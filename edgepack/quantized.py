@@ -114,7 +114,7 @@ class _Lowering:
         0; scale = range/255 (onnxruntime uses 1 when the range is 0, reproduced by
         + Relu(1 - range*2^100), exact for any range >= 2^-100); zp = round(clip(-min/scale, 0, 255));
         y = clip(round(x/scale) + zp, 0, 255), rounding half to even. Written with ops NCNN has:
-        min/max as GlobalMaxPool, rounding with Floor (_round_even)."""
+        min/max as GlobalMaxPool, rounding with Round (half to even)."""
         y, scale, zp = y or self.name("q"), scale or self.name("scale"), zp or self.name("zp")
         flat = self.emit("Reshape", [x, self.shape_const((1, 1, 1, -1))])
         one = self.shape_const((1,))
@@ -137,17 +137,10 @@ class _Lowering:
         return y, scale, zp
 
     def _round_even(self, v: str, out: str | None = None) -> str:
-        # round half to even with ops every backend has (NCNN lacks Round; TVM's simplifier folds the
-        # float32 trick (v + 1.5*2^23) - 1.5*2^23 to v): r = Floor(v + 0.5), minus 1 where v + 0.5
-        # was an exact integer (a tie: Relu(1 - frac*2^100) is 1 there, 0 elsewhere) and r is odd
-        c = lambda v, base: self.const(v, base)  # noqa: E731
-        up = self.emit("Add", [v, c(0.5, "half")])
-        r = self.emit("Floor", [up])
-        tie = self.emit("Relu", [self.emit("Sub", [c(1.0, "one"), self.emit("Mul", [self.emit("Sub", [up, r]),
-                                                                                   c(_BIG, "big")])])])
-        odd = self.emit("Sub", [r, self.emit("Mul", [self.emit("Floor", [self.emit("Mul", [r, c(0.5, "half")])]),
-                                                     c(2.0, "two")])])
-        return self.emit("Sub", [r, self.emit("Mul", [tie, odd])], [out] if out else None)
+        # ONNX Round is half to even, as onnxruntime's quantiser rounds; pnnx makes it ncnn's UnaryOp
+        # round (nearbyint / _mm_round_ps, half to even) and TVM's round is too (both checked on
+        # ties). One layer per rounding: the Floor-based form it replaced took 12 per tensor.
+        return self.emit("Round", [v], [out] if out else None)
 
     def shape_const(self, dims) -> str:
         name = self.name("shape")

@@ -21,6 +21,7 @@ from ...quantized import rounds_quotients
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
 from .fuse import batch_shared_products
+from .memory import without_winograd
 from . import fuse, rewrite, seq_first
 from .rewrite import VERSION as REWRITE_VERSION
 from .rewrite import rewrite_for_ncnn
@@ -111,8 +112,9 @@ def graph_code_digest() -> str:
 def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     import ncnn  # the Python wheel: the converted model's independent check
     blob = model.proto.SerializeToString()
+    exact = {"exact_integer_convolutions": 1} if rounds_quotients(model.proto) else {}
     key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 2,
-                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION})
+                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION, **exact})
     # The folder also follows the rewrite code; the key the manifest records does not, so a frozen
     # edgepack (no .py files to digest) builds the same bytes as a pip-installed one.
     entry = key_of({"key": key, "graph_code": graph_code_digest()})
@@ -238,6 +240,8 @@ def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[st
              what=f"pnnx converting {model.path.name}", cwd=root, timeout=900, log=root / "pnnx.log")
     if not param.is_file() or not binf.is_file():
         raise BuildError(f"pnnx wrote no ncnn model for {model.path.name} (log: {root / 'pnnx.log'})")
+    if rounds_quotients(model.proto):
+        param.write_text(without_winograd(param.read_text()))
     return parse_param_layers(param.read_text())
 
 

@@ -13,7 +13,7 @@ SUPPORTED = frozenset({
     "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus",
     "Mish", "Gelu", "Clip", "Softmax", "LogSoftmax", "Erf",
     # element-wise arithmetic
-    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Abs", "Neg", "Reciprocal", "Floor", "Ceil",
+    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round",
     "Sin", "Cos", "Min", "Max",
     # linear algebra
     "MatMul", "Gemm", "Einsum",
