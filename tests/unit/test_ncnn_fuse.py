@@ -76,3 +76,41 @@ def test_nothing_to_batch_returns_the_model_itself():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, H])],
         [numpy_helper.from_array(np.ones((H, K), np.float32), "W")]))
     assert batch_shared_products(single) == (single, 0)
+
+
+def _recurrent_matmuls() -> onnx.ModelProto:
+    """unrolled(), with the recurrent products written as MatMul(h, U^T) (one row each, one shared
+    weight) and one two-row MatMul on the same weight that must stay a MatMul."""
+    model = unrolled()
+    ut = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "U")).T.copy()
+    model.graph.initializer.append(numpy_helper.from_array(ut, "Ut"))
+    for i, n in enumerate(model.graph.node):
+        if n.op_type == "Gemm" and n.input[1] == "U":
+            model.graph.node[i].CopyFrom(helper.make_node("MatMul", [n.input[0], "Ut"], list(n.output)))
+    model.graph.node.append(helper.make_node("MatMul", ["y2", "Ut"], ["z"]))
+    model.graph.node.insert(len(model.graph.node) - 1, helper.make_node("Slice", ["y", "slice_lo", "slice_hi"], ["y2"]))
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "slice_lo"),
+                                    numpy_helper.from_array(np.array([2], np.int64), "slice_hi")])
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, H]))
+    return model
+
+
+def test_one_row_products_become_gemm_with_one_transposed_weight():
+    from edgepack.backends.ncnn.fuse import gemv_as_gemm
+    model = _recurrent_matmuls()
+    onnx.checker.check_model(model)
+    rewritten, count = gemv_as_gemm(model)
+    onnx.checker.check_model(rewritten)
+    # the recurrent steps after the first (whose h is a constant, for onnxsim to fold); the
+    # two-row product stays a MatMul
+    assert count == T - 1
+    ops = [n.op_type for n in rewritten.graph.node]
+    assert ops.count("MatMul") == 2 and ops.count("Gemm") == 2 * T - 1
+    added = [t.name for t in rewritten.graph.initializer if t.name.endswith("_edgepack_transposed")]
+    assert added == ["Ut_edgepack_transposed"]
+    x = np.random.default_rng(3).standard_normal((T, K)).astype(np.float32)
+    for want, got in zip(*(ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+                           for m in (model, rewritten))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    plain = unrolled()  # Gemm only: nothing to rewrite, the model itself comes back
+    assert gemv_as_gemm(plain) == (plain, 0)

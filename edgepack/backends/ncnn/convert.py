@@ -20,7 +20,7 @@ from ...model import LoadedModel
 from ...quantized import rounds_quotients
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
-from .fuse import batch_shared_products
+from .fuse import batch_shared_products, gemv_as_gemm
 from .memory import without_winograd
 from . import fuse, rewrite, seq_first
 from .rewrite import VERSION as REWRITE_VERSION
@@ -215,16 +215,25 @@ def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], 
 
 
 def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
-    """fuse.batch_shared_products on ``proto``: (the graph pnnx gets, the rewrite it names)."""
+    """fuse.batch_shared_products, then fuse.gemv_as_gemm, on ``proto``: (the graph pnnx gets, the
+    rewrites it names)."""
+    notes = []
     try:
         batched, removed = batch_shared_products(proto)
     except Exception as exc:  # a rewrite bug must cost only the speed-up, not the build
         log(f"batching shared-weight products failed ({type(exc).__name__}: {exc}); converting as is")
-        return proto, ()
-    if not removed:
-        return proto, ()
-    log(f"batched shared-weight Gemm/MatMul: {removed} products fewer (one weight copy each)")
-    return batched, (f"batch_shared_products x{removed}",)
+        batched, removed = proto, 0
+    if removed:
+        log(f"batched shared-weight Gemm/MatMul: {removed} products fewer (one weight copy each)")
+        notes.append(f"batch_shared_products x{removed}")
+    try:
+        gemv, rows = gemv_as_gemm(batched)
+    except Exception as exc:
+        log(f"one-row products as Gemm failed ({type(exc).__name__}: {exc}); keeping them as MatMul")
+        gemv, rows = batched, 0
+    if rows:
+        notes.append(f"gemv_as_gemm x{rows}")
+    return gemv, tuple(notes)
 
 
 def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[str, str]]:

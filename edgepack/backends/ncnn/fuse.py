@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 
 from ...onnx_index import tensor_infos
 
-VERSION = 1  # part of the conversion cache key: bump when the rewritten graph changes
+VERSION = 2  # part of the conversion cache key: bump when the rewritten graph changes; 2: gemv_as_gemm
 
 
 def _attrs(node) -> tuple:
@@ -137,3 +137,37 @@ def batch_shared_products(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]
     del out.graph.node[:]
     out.graph.node.extend(_toposort(kept))
     return out, removed
+
+
+def gemv_as_gemm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """(a copy of ``model`` whose one-row products with a constant weight are Gemm(transB=1), count).
+
+    pnnx writes MatMul(x, W) as ncnn's Gemm, which keeps W as packed fp32 and runs one row through
+    its tiled matrix kernel; Gemm(x, W^T, transB=1) is nn.Linear to pnnx, ncnn's InnerProduct, whose
+    vector kernel reads fp16 weights under fp16 storage. For the recurrent products an unrolled
+    quantised LSTM leaves (one row per step, each with its own weight copy: ddddocr_old_int8's 40
+    steps of [1, 512] x [512, 2048]) that halves what every step streams. Only rank-2 A of one
+    static row and rank-2 initializer W; W^T is added once per W."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    picked = [i for i, n in enumerate(graph.node) if n.op_type == "MatMul" and len(n.input) == 2
+              and n.input[1] in inits and len(inits[n.input[1]].dims) == 2]
+    if not picked:
+        return model, 0
+    shapes = _shapes(model)
+    picked = [i for i in picked if _static_rows(shapes, graph.node[i].input[0]) == 1]
+    if not picked:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    transposed: dict[str, str] = {}
+    for i in picked:
+        node = out.graph.node[i]
+        w = node.input[1]
+        if w not in transposed:
+            transposed[w] = f"{w}_edgepack_transposed"
+            out.graph.initializer.append(numpy_helper.from_array(
+                np.ascontiguousarray(numpy_helper.to_array(inits[w]).T), transposed[w]))
+        gemm = helper.make_node("Gemm", [node.input[0], transposed[w]], list(node.output), name=node.name, transB=1)
+        out.graph.node[i].CopyFrom(gemm)
+    return out, len(picked)
