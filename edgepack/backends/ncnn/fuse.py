@@ -146,8 +146,8 @@ def gemv_as_gemm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     its tiled matrix kernel; Gemm(x, W^T, transB=1) is nn.Linear to pnnx, ncnn's InnerProduct, whose
     vector kernel reads fp16 weights under fp16 storage. For the recurrent products an unrolled
     quantised LSTM leaves (one row per step, each with its own weight copy: ddddocr_old_int8's 40
-    steps of [1, 512] x [512, 2048]) that halves what every step streams. Only rank-2 A of one
-    static row and rank-2 initializer W; W^T is added once per W."""
+    steps of [1, 1, 512] x [512, 2048]) that halves what every step streams. Only x of static
+    shape [1, ..., 1, K] (reshaped to [1, K] and back) and rank-2 initializer W; W^T is added once."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     picked = [i for i, n in enumerate(graph.node) if n.op_type == "MatMul" and len(n.input) == 2
@@ -155,19 +155,39 @@ def gemv_as_gemm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     if not picked:
         return model, 0
     shapes = _shapes(model)
-    picked = [i for i in picked if _static_rows(shapes, graph.node[i].input[0]) == 1]
+
+    def one_row(name: str) -> bool:
+        dims = shapes.get(name)
+        return bool(dims) and len(dims) >= 2 and all(d == 1 for d in dims[:-1]) and dims[-1] is not None
+    picked = [i for i in picked if one_row(graph.node[i].input[0])]
     if not picked:
         return model, 0
     out = onnx.ModelProto()
     out.CopyFrom(model)
     transposed: dict[str, str] = {}
-    for i in picked:
-        node = out.graph.node[i]
-        w = node.input[1]
+    nodes = []
+    picked_set = set(picked)
+    for i, node in enumerate(out.graph.node):
+        if i not in picked_set:
+            nodes.append(node)
+            continue
+        w, x, y = node.input[1], node.input[0], node.output[0]
         if w not in transposed:
             transposed[w] = f"{w}_edgepack_transposed"
             out.graph.initializer.append(numpy_helper.from_array(
                 np.ascontiguousarray(numpy_helper.to_array(inits[w]).T), transposed[w]))
-        gemm = helper.make_node("Gemm", [node.input[0], transposed[w]], list(node.output), name=node.name, transB=1)
-        out.graph.node[i].CopyFrom(gemm)
+        rank = len(shapes[x])
+        if rank == 2:
+            nodes.append(helper.make_node("Gemm", [x, transposed[w]], [y], name=node.name, transB=1))
+            continue
+        tag = f"{y}_edgepack_gemv"
+        n_out = int(inits[w].dims[1])
+        out.graph.initializer.extend([
+            numpy_helper.from_array(np.array([1, shapes[x][-1]], np.int64), f"{tag}_in_shape"),
+            numpy_helper.from_array(np.array([1] * (rank - 1) + [n_out], np.int64), f"{tag}_out_shape")])
+        nodes += [helper.make_node("Reshape", [x, f"{tag}_in_shape"], [f"{tag}_row"], name=f"{tag}/in"),
+                  helper.make_node("Gemm", [f"{tag}_row", transposed[w]], [f"{tag}_product"], name=node.name, transB=1),
+                  helper.make_node("Reshape", [f"{tag}_product", f"{tag}_out_shape"], [y], name=f"{tag}/out")]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
     return out, len(picked)
