@@ -13,7 +13,7 @@ from edgepack.targets import TargetMatrix
 from models import single_op_model, topk_model
 
 X = {"x": [1, 8, 6, 6]}
-UNARY = ["Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Floor", "Ceil", "Sin", "Cos", "HardSwish", "Softplus",
+UNARY = ["Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Floor", "Ceil", "Round", "Sin", "Cos", "HardSwish", "Softplus",
          "Elu", "Selu", "HardSigmoid", "Erf"]
 
 

@@ -41,12 +41,16 @@ def _model(nodes, inputs, outputs, inits=(), opset=13):
     return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
 
 
+def _dynamic_quantize_linear():
+    return _model([h.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])],
+                  [h.make_tensor_value_info("x", T.FLOAT, [2, 6])],
+                  [h.make_tensor_value_info("y", T.UINT8, [2, 6]), h.make_tensor_value_info("s", T.FLOAT, []),
+                   h.make_tensor_value_info("z", T.UINT8, [])])
+
+
 def test_dynamic_quantize_linear_matches_onnxruntime_bit_for_bit(tmp_path):
     # y and zp keep their uint8 dtype at the graph outputs; ties (x/scale = k + 0.5) round half to even
-    proto = _model([h.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])],
-                   [h.make_tensor_value_info("x", T.FLOAT, [2, 6])],
-                   [h.make_tensor_value_info("y", T.UINT8, [2, 6]), h.make_tensor_value_info("s", T.FLOAT, []),
-                    h.make_tensor_value_info("z", T.UINT8, [])])
+    proto = _dynamic_quantize_linear()
     model, low = _lowered(tmp_path, proto)
     assert not _ops(low.proto) & {"DynamicQuantizeLinear"}
     assert [o.dtype for o in low.outputs] == ["uint8", "float32", "uint8"]
@@ -65,10 +69,7 @@ def test_a_lowered_graph_says_it_rounds_quotients_and_simplify_keeps_it(tmp_path
     # the NCNN wheel's check reads this (it divides by reciprocals, the artifact does not)
     from edgepack.model import simplify
     from edgepack.quantized import rounds_quotients
-    proto = _model([h.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])],
-                   [h.make_tensor_value_info("x", T.FLOAT, [2, 6])],
-                   [h.make_tensor_value_info("y", T.UINT8, [2, 6]), h.make_tensor_value_info("s", T.FLOAT, []),
-                    h.make_tensor_value_info("z", T.UINT8, [])])
+    proto = _dynamic_quantize_linear()
     model, low = _lowered(tmp_path, proto)
     assert not rounds_quotients(model.proto)
     assert rounds_quotients(low.proto) and rounds_quotients(simplify(low).proto)
