@@ -67,3 +67,12 @@ def test_every_arch_keys_the_exact_division():
     for name in ("x86_64", "arm64"):
         patches = {key_name: key for key_name, key, _ in library._arch_patches(matrix.get(name))}
         assert patches["exact_div_patch"] == EXACT_DIV_PATCH_KEY, name
+
+
+def test_the_shared_kernel_table_has_no_start_up_constructor():
+    # innerproduct_x86.cpp is also compiled as its AVX-512 build; a namespace-scope object with a
+    # constructor runs that build's code at start-up on every CPU (it trapped under qemu's Nehalem)
+    from edgepack.backends.ncnn.shared_weights_patch import _TABLE
+    top_level = [line for line in _TABLE.splitlines() if line.startswith("static ")]
+    assert top_level and all(line.rstrip().endswith(")") for line in top_level), top_level
+    assert "    static std::vector<EpSharedKernel> table;" in _TABLE and "    static Mutex lock;" in _TABLE

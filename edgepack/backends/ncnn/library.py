@@ -27,6 +27,7 @@ from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
+from .shared_weights_patch import SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .source_patch import PATCH_KEY, patch_source
 from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
@@ -43,7 +44,8 @@ def _arch_patches(target: Target) -> tuple:
         return every_arch
     return every_arch + (
         ("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
-        ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap))
+        ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap),
+        ("shared_weights_patch", SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights))
 
 
 BASE_OPTIONS = {

@@ -1,0 +1,67 @@
+"""x86 InnerProduct layers with the same weights share one kernel (edgepack/backends/ncnn/shared_weights_patch.py).
+
+An unrolled recurrence: 12 one-row steps h = tanh(h W_k), alternating two 4 MiB weights that differ
+in one element only, so sharing by content must tell them apart (a wrong share changes the answer).
+pnnx writes one InnerProduct per step with its own copy; shared, the fp32 artifact's peak RSS holds
+two kernels, not twelve. Checked against onnxruntime on every x86 CPU model the artifact may meet."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from test_ncnn_thread_split import CPUS, _run
+from test_ncnn_thread_split import build_fp32_ncnn
+from edgepack.runner import command_for_cpu
+
+N, STEPS = 1024, 12
+
+
+def _recurrence(path):
+    rng = np.random.default_rng(8)
+    w = (rng.standard_normal((N, N)) / np.sqrt(N) * 1.5).astype(np.float32)
+    w_other = w.copy()
+    w_other[N // 2, 7] += 0.5  # one element apart
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w_other, "w_other")]
+    nodes, prev = [], "x"
+    for t in range(STEPS):
+        nodes += [helper.make_node("MatMul", [prev, "w" if t % 2 == 0 else "w_other"], [f"m{t}"]),
+                  helper.make_node("Tanh", [f"m{t}"], [f"h{t}" if t < STEPS - 1 else "y"])]
+        prev = f"h{t}"
+    graph = helper.make_graph(nodes, "recurrence", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, N])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_steps_with_the_same_weights_share_one_kernel(tmp_path):
+    model = _recurrence(tmp_path / "recurrence.onnx")
+    art = build_fp32_ncnn(model, tmp_path / "out")
+    manifest = json.loads((tmp_path / "out" / "recurrence-x86_64.json").read_text())
+    assert "InnerProduct" in manifest["backend"]["layers"]
+    assert any(r.startswith("gemv_as_gemm") for r in manifest["backend"]["onnx_rewrites"])
+    x = np.random.default_rng(2).standard_normal((1, N)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # the two weights really are told apart: every step on `w` alone gives another answer
+    alone = x
+    w = numpy_helper.to_array(onnx.load(model).graph.initializer[0])
+    for _ in range(STEPS):
+        alone = np.tanh(alone @ w)
+    assert float(np.abs(alone - want).max()) > 1e-3
+    for cpu in CPUS:
+        got = _run(art, cpu, 1, tmp_path / "x.npy", tmp_path / f"o-{cpu}")
+        assert float(np.abs(got.reshape(want.shape) - want).max()) <= 1e-4, cpu
+    bench = subprocess.run(command_for_cpu(art, "native") + ["bench", "--runs", "3", "--json"],
+                           capture_output=True, text=True, timeout=300)
+    assert bench.returncode == 0, bench.stderr
+    peak_mib = json.loads(bench.stdout.strip().splitlines()[-1])["peak_rss_kb"] / 1024
+    kernel_mib = N * N * 4 / 2**20
+    # unshared: 12 kernels (48 MiB) at least; shared, measured: 21.5 MiB (2 kernels, a step's load, the executable)
+    assert peak_mib < 8 * kernel_mib, f"peak RSS {peak_mib:.1f} MiB: the steps did not share their kernels"
