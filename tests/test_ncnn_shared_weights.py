@@ -16,9 +16,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from test_ncnn_thread_split import CPUS, _run
 from test_ncnn_thread_split import build_fp32_ncnn
-from edgepack.runner import command_for_cpu
+from conftest import run_edgepack
+from edgepack.runner import command_for, command_for_cpu
 
 N, STEPS = 1024, 12
+PEAK_ARM_MIB = 0  # set from a measurement
 
 
 def _recurrence(path):
@@ -65,3 +67,26 @@ def test_steps_with_the_same_weights_share_one_kernel(tmp_path):
     kernel_mib = N * N * 4 / 2**20
     # unshared: 12 kernels (48 MiB) at least; shared, measured: 21.5 MiB (2 kernels, a step's load, the executable)
     assert peak_mib < 8 * kernel_mib, f"peak RSS {peak_mib:.1f} MiB: the steps did not share their kernels"
+
+
+def test_arm64_steps_share_and_match_onnxruntime(tmp_path):
+    # Arm shares its fp32 kernels the same way (checked under qemu; its speed cannot be timed here)
+    model = _recurrence(tmp_path / "recurrence.onnx")
+    proc = run_edgepack("build", str(model), "--target", "arm64", "--backend", "ncnn", "--fp32",
+                        "--out", str(tmp_path / "out"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    art = tmp_path / "out" / "recurrence-arm64"
+    x = np.random.default_rng(4).standard_normal((1, N)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    run = subprocess.run(command_for(art, None) + ["run", "--input", f"x={tmp_path / 'x.npy'}", "--output",
+                                                   str(tmp_path / "o")], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    got = np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
+    assert float(np.abs(got.reshape(want.shape) - want).max()) <= 1e-4
+    bench = subprocess.run(command_for(art, None) + ["bench", "--runs", "2", "--warmup", "1", "--json"],
+                           capture_output=True, text=True, timeout=600)
+    assert bench.returncode == 0, bench.stderr
+    peak_mib = json.loads(bench.stdout.strip().splitlines()[-1])["peak_rss_kb"] / 1024
+    # qemu's own memory counts here too; twelve unshared kernels alone would be 48 MiB
+    assert peak_mib < PEAK_ARM_MIB, f"peak RSS {peak_mib:.1f} MiB under qemu: the steps did not share their kernels"

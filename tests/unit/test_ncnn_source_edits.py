@@ -67,6 +67,7 @@ def test_every_arch_keys_the_exact_division():
     for name in ("x86_64", "arm64"):
         patches = {key_name: key for key_name, key, _ in library._arch_patches(matrix.get(name))}
         assert patches["exact_div_patch"] == EXACT_DIV_PATCH_KEY, name
+        assert "shared_weights_patch" in patches, name   # x86 and Arm each key their own edits
 
 
 def test_the_shared_kernel_table_has_no_start_up_constructor():

@@ -1,4 +1,5 @@
-"""x86 InnerProduct layers with the same weights share one transformed kernel (src/layer/x86/innerproduct_x86.cpp).
+"""InnerProduct layers with the same weights share one transformed kernel (x86: src/layer/x86/innerproduct_x86.cpp;
+Arm: its fp32 transform in src/layer/arm/innerproduct_arm.cpp).
 
 An unrolled recurrence multiplies by the same weight at every step, and pnnx writes one InnerProduct
 per step, each with its own copy (ONNX shares one initializer; pnnx folds every use into its layer).
@@ -13,7 +14,7 @@ long as a layer using it. The table drops an entry once only the table holds it 
 destroyed), and a mutex guards it (nets may be created on several threads). int8 and bf16 kernels are
 not shared. A hash match is taken as equality: a model whose layers collide on 128 bits by design
 could only corrupt its own outputs, and the artifact's verification would see it.
-Only x86 builds compile it; their cache key carries SHARED_WEIGHTS_PATCH_KEY.
+x86 builds carry SHARED_WEIGHTS_PATCH_KEY in their cache key, Arm builds SHARED_WEIGHTS_ARM_PATCH_KEY.
 """
 from __future__ import annotations
 
@@ -159,7 +160,40 @@ _FILE_EDITS = ((IP_FILE, _IP_EDITS),)
 
 SHARED_WEIGHTS_PATCH_KEY = file_edits_key(SHARED_WEIGHTS_PATCH_VERSION, _FILE_EDITS)
 
+# Arm: the fp32 transform (the only precision a quantised graph verifies in there; Arm's fp16 and
+# bf16 transforms live in other files and keep a kernel per layer). It is written inline in
+# create_pipeline, so the lookup returns early and the share follows the transform.
+ARM_IP_FILE = "src/layer/arm/innerproduct_arm.cpp"
+SHARED_WEIGHTS_ARM_PATCH_VERSION = 1
+
+_ARM_LOOKUP = """    const EpKernelKey ep_key = ep_kernel_key(weight_data, num_output, 2 + (opt.use_packing_layout ? 1 : 0));
+    if (ep_take_shared(ep_key, weight_data_tm))
+    {
+        if (opt.lightmode)
+            weight_data.release();
+        return 0;
+    }
+
+"""
+_ARM_TRANSFORM = "    if (out_elempack == 4)\n    {\n        // src = inch-outch\n        // dst = pb-inch-outch/pb\n"
+_ARM_PLAIN = "        weight_data_tm = weight_data;\n    }\n"
+
+_ARM_IP_EDITS = (
+    ("the table, at the namespace", "namespace ncnn {\n", "#include <stdint.h>\n#include <string.h>\n#include <vector>\n\n" + _TABLE, 1),
+    ("the fp32 transform's start", _ARM_TRANSFORM, _ARM_LOOKUP + _ARM_TRANSFORM, 1),
+    ("the fp32 transform's end", _ARM_PLAIN, _ARM_PLAIN + "    ep_share(ep_key, weight_data_tm);\n", 1),
+)
+
+_ARM_FILE_EDITS = ((ARM_IP_FILE, _ARM_IP_EDITS),)
+
+SHARED_WEIGHTS_ARM_PATCH_KEY = file_edits_key(SHARED_WEIGHTS_ARM_PATCH_VERSION, _ARM_FILE_EDITS)
+
 
 def patch_shared_weights(src: Path) -> None:
-    """Apply the edits to an unpacked ncnn source tree, in place."""
+    """Apply the x86 edits to an unpacked ncnn source tree, in place."""
     apply_file_edits(src, _FILE_EDITS, "shared_weights_patch.py")
+
+
+def patch_shared_weights_arm(src: Path) -> None:
+    """Apply the Arm edits to an unpacked ncnn source tree, in place."""
+    apply_file_edits(src, _ARM_FILE_EDITS, "shared_weights_patch.py")
