@@ -24,19 +24,19 @@ N, STEPS = 1024, 12
 PEAK_ARM_MIB = 100
 
 
-def _recurrence(path):
+def _recurrence(path, n=N, steps=STEPS):
     rng = np.random.default_rng(8)
-    w = (rng.standard_normal((N, N)) / np.sqrt(N) * 1.5).astype(np.float32)
+    w = (rng.standard_normal((n, n)) / np.sqrt(n) * 1.5).astype(np.float32)
     w_other = w.copy()
-    w_other[N // 2, 7] += 0.5  # one element apart
+    w_other[n // 2, 7] += 0.5  # one element apart
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w_other, "w_other")]
     nodes, prev = [], "x"
-    for t in range(STEPS):
+    for t in range(steps):
         nodes += [helper.make_node("MatMul", [prev, "w" if t % 2 == 0 else "w_other"], [f"m{t}"]),
-                  helper.make_node("Tanh", [f"m{t}"], [f"h{t}" if t < STEPS - 1 else "y"])]
+                  helper.make_node("Tanh", [f"m{t}"], [f"h{t}" if t < steps - 1 else "y"])]
         prev = f"h{t}"
-    graph = helper.make_graph(nodes, "recurrence", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, N])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N])], inits)
+    graph = helper.make_graph(nodes, "recurrence", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, path)
@@ -90,3 +90,17 @@ def test_arm64_steps_share_and_match_onnxruntime(tmp_path):
     assert bench.returncode == 0, bench.stderr
     peak_mib = json.loads(bench.stdout.strip().splitlines()[-1])["peak_rss_kb"] / 1024
     assert peak_mib < PEAK_ARM_MIB, f"peak RSS {peak_mib:.1f} MiB under qemu: the steps did not share their kernels"
+
+
+def test_unpacked_fp16_kernels_are_not_shared_and_the_artifact_exits_cleanly(tmp_path):
+    # 250 outputs: not a multiple of the pack width, so ncnn's fp16 cast takes the net's blob
+    # allocator; sharing such a kernel once crashed every run at exit (the pool was gone)
+    model = _recurrence(tmp_path / "odd.onnx", n=250, steps=6)
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", "--out", str(tmp_path / "out"), "--json")
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
+    assert report["results"][0]["precision"] == "fp16-storage", report["results"][0]
+    art = tmp_path / "out" / "odd-x86_64"
+    for args in (["selftest"], ["bench", "--runs", "2", "--json"]):
+        done = subprocess.run(command_for_cpu(art, "native") + args, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (args, done.returncode, done.stderr[-2000:])

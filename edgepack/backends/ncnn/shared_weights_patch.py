@@ -11,7 +11,9 @@ At create_pipeline a layer hashes its loaded weights (128 bits over the bytes, w
 and the kind of transform: fp32 or fp16 storage) and takes the transformed kernel of an earlier layer
 with the same key instead of transforming its own; a Mat is reference-counted, so the kernel lives as
 long as a layer using it. The table drops an entry once only the table holds it (its layers were
-destroyed), and a mutex guards it (nets may be created on several threads). int8 and bf16 kernels are
+destroyed), and a mutex guards it (nets may be created on several threads). Only kernels from the
+default allocator are shared: ncnn's fp16 cast of an unpacked kernel takes the net's blob allocator, a
+pool that dies with the net (sharing one crashed the artifact at exit, freeing into the gone pool). int8 and bf16 kernels are
 not shared. A hash match is taken as equality: a model whose layers collide on 128 bits by design
 could only corrupt its own outputs, and the artifact's verification would see it.
 x86 builds carry SHARED_WEIGHTS_PATCH_KEY in their cache key, Arm builds SHARED_WEIGHTS_ARM_PATCH_KEY.
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-SHARED_WEIGHTS_PATCH_VERSION = 2  # 2: no start-up constructors (the AVX-512 build's trapped on SSE CPUs)
+SHARED_WEIGHTS_PATCH_VERSION = 3  # 2: no start-up constructors (the AVX-512 build's trapped on SSE CPUs); 3: default-allocator kernels only
 
 IP_FILE = "src/layer/x86/innerproduct_x86.cpp"
 
@@ -124,7 +126,10 @@ static bool ep_take_shared(const EpKernelKey& key, Mat& kernel)
 
 static void ep_share(const EpKernelKey& key, const Mat& kernel)
 {
-    if (kernel.empty())
+    // only kernels from the default allocator: one from the net's blob allocator (ncnn's fp16 cast
+    // takes opt.blob_allocator) dies with that net's pool, and a later net, or the exit, would free
+    // a shared copy into a pool that is gone
+    if (kernel.empty() || kernel.allocator)
         return;
     MutexLockGuard guard(ep_kernels_lock());
     EpSharedKernel e;
@@ -164,7 +169,7 @@ SHARED_WEIGHTS_PATCH_KEY = file_edits_key(SHARED_WEIGHTS_PATCH_VERSION, _FILE_ED
 # bf16 transforms live in other files and keep a kernel per layer). It is written inline in
 # create_pipeline, so the lookup returns early and the share follows the transform.
 ARM_IP_FILE = "src/layer/arm/innerproduct_arm.cpp"
-SHARED_WEIGHTS_ARM_PATCH_VERSION = 1
+SHARED_WEIGHTS_ARM_PATCH_VERSION = 2  # 2: default-allocator kernels only
 
 _ARM_LOOKUP = """    const EpKernelKey ep_key = ep_kernel_key(weight_data, num_output, 2 + (opt.use_packing_layout ? 1 : 0));
     if (ep_take_shared(ep_key, weight_data_tm))
