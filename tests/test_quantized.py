@@ -64,6 +64,8 @@ def test_quantize_dynamic_model_builds_and_runs_like_onnxruntime(tmp_path):
     manifest = json.loads(art.with_name(art.name + ".json").read_text())
     notes = " ".join(manifest["model"]["notes"])
     assert "quantised ops lowered to float: 3 DynamicQuantizeLinear, 2 ConvInteger, 1 MatMulInteger" in notes, notes
+    if manifest["backend"]["name"] == "ncnn":  # integer convolutions summed exactly: no Winograd
+        assert manifest["backend"]["exact_integer_convolutions"] is True
     tol = manifest["tolerance"]
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     worst = 0.0

@@ -5,6 +5,7 @@ import shutil
 
 from .. import CompileRequest, EngineBuild, register
 from ...model import LoadedModel
+from ...quantized import rounds_quotients
 from ...reference import POLICY
 from ...resources import runtimes_dir
 from .convert import PNNX_VERSION, convert, pnnx_executable
@@ -71,6 +72,8 @@ class NcnnBackend:
                       "linked_layers": kept, "library": lib.manifest(), "fp16_arithmetic": fp16_math,
                       "precision": rung, "weights": weights,
                       "conversion_check_max_abs_err": converted.check_error,
+                      # lowered dynamic int8: Winograd off on every convolution (exact integer sums)
+                      "exact_integer_convolutions": rounds_quotients(req.model.proto),
                       "onnx_rewrites": list(converted.rewrites)},
             weight_bytes=converted.bin.stat().st_size,
         )
