@@ -14,8 +14,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from test_ncnn_thread_split import CPUS, _run
-from test_ncnn_thread_split import build_fp32_ncnn
+from test_ncnn_thread_split import CPUS, _run, build_fp32_ncnn
 from conftest import run_edgepack
 from edgepack.runner import command_for, command_for_cpu
 

@@ -112,9 +112,10 @@ def graph_code_digest() -> str:
 def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     import ncnn  # the Python wheel: the converted model's independent check
     blob = model.proto.SerializeToString()
-    exact = {"exact_integer_convolutions": 1} if rounds_quotients(model.proto) else {}
+    # (a graph that rounds quotients, and so converts without Winograd, says so in its metadata:
+    # the model's bytes already key it)
     key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 2,
-                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION, **exact})
+                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION})
     # The folder also follows the rewrite code; the key the manifest records does not, so a frozen
     # edgepack (no .py files to digest) builds the same bytes as a pip-installed one.
     entry = key_of({"key": key, "graph_code": graph_code_digest()})

@@ -27,9 +27,9 @@ from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
+from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .shared_weights_patch import (SHARED_WEIGHTS_ARM_PATCH_KEY, SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights,
                                    patch_shared_weights_arm)
-from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .source_patch import PATCH_KEY, patch_source
 from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
 

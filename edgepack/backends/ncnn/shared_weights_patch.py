@@ -142,6 +142,11 @@ static void ep_share(const EpKernelKey& key, const Mat& kernel)
 '''
 
 
+# both arches: the table goes in at the start of the file's namespace
+_TABLE_EDIT = ("the table, at the namespace", "namespace ncnn {\n",
+               "#include <stdint.h>\n#include <string.h>\n#include <vector>\n\n" + _TABLE, 1)
+
+
 def _shared(call: str, kind: int) -> str:
     # the layout a transform writes follows opt.use_packing_layout: part of the kind
     return (f"    const EpKernelKey ep_key = ep_kernel_key(weight_data, num_output, {kind} * 2 + (opt.use_packing_layout ? 1 : 0));\n"
@@ -156,7 +161,7 @@ _FP32 = "    innerproduct_transform_kernel(weight_data, weight_data_tm, num_inpu
 _FP16 = "    innerproduct_transform_kernel_fp16s(weight_data, weight_data_tm, num_input, num_output, opt);\n"
 
 _IP_EDITS = (
-    ("the table, at the namespace", "namespace ncnn {\n", "#include <stdint.h>\n#include <string.h>\n#include <vector>\n\n" + _TABLE, 1),
+    _TABLE_EDIT,
     ("the fp32 transform", _FP32, _shared(_FP32.strip(), 1), 1),
     ("the fp16 storage transform", _FP16, _shared(_FP16.strip(), 2), 1),
 )
@@ -184,7 +189,7 @@ _ARM_TRANSFORM = "    if (out_elempack == 4)\n    {\n        // src = inch-outch
 _ARM_PLAIN = "        weight_data_tm = weight_data;\n    }\n"
 
 _ARM_IP_EDITS = (
-    ("the table, at the namespace", "namespace ncnn {\n", "#include <stdint.h>\n#include <string.h>\n#include <vector>\n\n" + _TABLE, 1),
+    _TABLE_EDIT,
     ("the fp32 transform's start", _ARM_TRANSFORM, _ARM_LOOKUP + _ARM_TRANSFORM, 1),
     ("the fp32 transform's end", _ARM_PLAIN, _ARM_PLAIN + "    ep_share(ep_key, weight_data_tm);\n", 1),
 )
