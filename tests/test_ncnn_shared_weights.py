@@ -42,12 +42,23 @@ def _recurrence(path, n=N, steps=STEPS):
     return path
 
 
+def _assert_weights_stored_once(manifest, art):
+    """pnnx wrote the weight once per step (48 MiB); the artifact embeds its content once
+    (edgepack/backends/ncnn/dedup.py): `w_other` is `w` but for one chunk around its changed element."""
+    kernel = N * N * 4
+    dedup = manifest["backend"]["weights_dedup"]
+    assert dedup and dedup["logical_bytes"] >= STEPS * kernel, dedup
+    assert dedup["stored_bytes"] < 1.1 * kernel, dedup
+    assert art.stat().st_size < 3 * kernel, f"artifact {art.stat().st_size} bytes: weights embedded more than once"
+
+
 def test_steps_with_the_same_weights_share_one_kernel(tmp_path):
     model = _recurrence(tmp_path / "recurrence.onnx")
     art = build_fp32_ncnn(model, tmp_path / "out")
     manifest = json.loads((tmp_path / "out" / "recurrence-x86_64.json").read_text())
     assert "InnerProduct" in manifest["backend"]["layers"]
     assert any(r.startswith("gemv_as_gemm") for r in manifest["backend"]["onnx_rewrites"])
+    _assert_weights_stored_once(manifest, art)
     x = np.random.default_rng(2).standard_normal((1, N)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
@@ -76,6 +87,7 @@ def test_arm64_steps_share_and_match_onnxruntime(tmp_path):
                         "--out", str(tmp_path / "out"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     art = tmp_path / "out" / "recurrence-arm64"
+    _assert_weights_stored_once(json.loads((tmp_path / "out" / "recurrence-arm64.json").read_text()), art)
     x = np.random.default_rng(4).standard_normal((1, N)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

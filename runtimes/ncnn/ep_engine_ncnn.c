@@ -4,7 +4,8 @@
  * Options from the spec: ncnn.in.<i> / ncnn.out.<i> (blob names), ncnn.batch_axis.<i>
  * ("0" when the ONNX dim 0 is a batch dim ncnn does not see, "none" otherwise),
  * ncnn.fp32 ("1" forces fp32 storage and arithmetic), ncnn.fp16_arithmetic ("0": fp16 storage only).
- * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights. `--memory lean` builds
+ * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights, model_blobs[2] (optional)
+ * the map replaying repeated weights from them (see weight_reader). `--memory lean` builds
  * carry a .param whose large-kernel convolutions have Winograd masked (edgepack/backends/ncnn/memory.py).
  * Measuring aids, off unless set: EDGEPACK_NCNN_OPTIONS (apply_switches), EDGEPACK_NCNN_TRACE=1 (RSS
  * after load and after each run, on stderr).
@@ -60,14 +61,64 @@ static int ncnn_visible_cpus(void) {
  * of the embedded .bin is needed only until the reader has moved past it. Handing those pages back
  * as we go keeps the embedded copy out of the peak RSS (issue 10 item 5: peak was ~3x the model's
  * need). Only pages of a read-only, file-backed mapping are handed back: the kernel reads them again
- * from the executable if anything touches them later, so this can never change a weight. */
+ * from the executable if anything touches them later, so this can never change a weight.
+ *
+ * A build whose .bin repeats itself (one copy of a weight per layer using it) embeds each repeated
+ * stretch once, plus a segment map, model_blobs[2] (edgepack/backends/ncnn/dedup.py): rows of
+ * (length, offset into the stored bytes) that replay pnnx's byte stream in order. Without a map the
+ * stream is one row over the whole blob. */
+#define EP_WMAP_MAGIC "EPWMAP1"  /* 8 bytes with its NUL */
+#define EP_WMAP_HEAD 24          /* magic, u64 logical size, u64 row count */
+
 typedef struct {
-    const unsigned char *cur, *end;
-    uintptr_t released;  /* [released, page of cur) may go back to the kernel */
+    const unsigned char *base;   /* the stored bytes */
+    size_t size;
+    const unsigned char *rows;   /* the map's rows, 16 bytes each; NULL: one row, the whole blob */
+    uint64_t nrows, row;         /* row being read */
+    size_t row_used;             /* bytes of that row handed out */
+    size_t consumed;             /* bytes of the stream handed out */
+    uintptr_t frontier;          /* the furthest stored byte read so far */
+    uintptr_t released;  /* [released, page of frontier) may go back to the kernel */
     uintptr_t limit;     /* end of the file-backed read-only mapping holding the weights; 0: none */
 } weight_reader;
 
 static _Thread_local weight_reader *tl_reader;  /* ncnn's C reader has no slot for our state */
+
+static uint64_t le64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+static void row_of(const weight_reader *r, uint64_t i, uint64_t *len, uint64_t *off) {
+    if (!r->rows) {
+        *len = r->size;
+        *off = 0;
+        return;
+    }
+    *len = le64(r->rows + 16 * i);
+    *off = le64(r->rows + 16 * i + 8);
+}
+
+/* Checks the map against the stored bytes (every row inside them, lengths summing to the stated
+ * size) and sets the reader up; returns the stream's length, or (size_t)-1 if the map is malformed. */
+static size_t weight_map_open(weight_reader *r, const ep_blob *map) {
+    size_t n = ep_blob_size(map);
+    const unsigned char *m = map->data;
+    if (n < EP_WMAP_HEAD || memcmp(m, EP_WMAP_MAGIC, 8) != 0) return (size_t)-1;
+    uint64_t logical = le64(m + 8), nrows = le64(m + 16);
+    if (nrows > (n - EP_WMAP_HEAD) / 16 || n - EP_WMAP_HEAD != nrows * 16 || logical > SIZE_MAX) return (size_t)-1;
+    r->rows = m + EP_WMAP_HEAD;
+    r->nrows = nrows;
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < nrows; i++) {
+        uint64_t len, off;
+        row_of(r, i, &len, &off);
+        if (off > r->size || len > r->size - off || len > logical - total) return (size_t)-1;
+        total += len;
+    }
+    return total == logical ? (size_t)logical : (size_t)-1;
+}
 
 /* The end of the read-only, file-backed mapping containing [lo, hi), or 0 if there is none. */
 static uintptr_t file_mapping_end(uintptr_t lo, uintptr_t hi) {
@@ -88,33 +139,66 @@ static uintptr_t file_mapping_end(uintptr_t lo, uintptr_t hi) {
     return found;
 }
 
-static void release_behind(weight_reader *r) {
-    const uintptr_t chunk = 1u << 20;  /* batches madvise calls: one per MiB read */
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t upto = (uintptr_t)r->cur & ~(page - 1);
-    if (!r->limit || upto < r->released + chunk) return;
-    madvise((void *)r->released, upto - r->released, MADV_DONTNEED);
-    r->released = upto;
+static uintptr_t page_size(void) { return (uintptr_t)sysconf(_SC_PAGESIZE); }
+
+/* Hands back the whole pages of [lo, hi) (batched: only once they reach `at_least` bytes). */
+static uintptr_t release_pages(uintptr_t lo, uintptr_t hi, uintptr_t at_least) {
+    uintptr_t page = page_size();
+    lo = (lo + page - 1) & ~(page - 1);
+    hi &= ~(page - 1);
+    if (hi <= lo || hi - lo < at_least) return 0;
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    return hi;
+}
+
+/* After stored bytes [p, p + n) were copied out: pages behind the furthest read go back one MiB at a
+ * time; a repeat (a stretch read again from behind that point) gives its pages back at once. */
+static void release_after(weight_reader *r, const unsigned char *p, size_t n) {
+    const uintptr_t chunk = 1u << 20;  /* batches madvise calls */
+    if (!r->limit) return;
+    uintptr_t lo = (uintptr_t)p, hi = lo + n;
+    if (hi > r->frontier) {
+        r->frontier = hi;
+        uintptr_t upto = release_pages(r->released, hi, chunk);
+        if (upto) r->released = upto;
+    } else if (hi <= r->released) {
+        release_pages(lo, hi, chunk);
+    }
 }
 
 static size_t weight_read(ncnn_datareader_t dr, void *buf, size_t size) {
     (void)dr;
     weight_reader *r = tl_reader;
     if (!r) return 0;
-    size_t left = (size_t)(r->end - r->cur);
-    if (size > left) size = left;
-    memcpy(buf, r->cur, size);
-    r->cur += size;
-    release_behind(r);
-    return size;
+    size_t done = 0;
+    while (done < size && r->row < r->nrows) {
+        uint64_t len, off;
+        row_of(r, r->row, &len, &off);
+        size_t n = (size_t)(len - r->row_used);
+        if (n > size - done) n = size - done;
+        const unsigned char *src = r->base + off + r->row_used;
+        memcpy((unsigned char *)buf + done, src, n);
+        release_after(r, src, n);
+        done += n;
+        r->row_used += n;
+        if (r->row_used == len) {
+            r->row++;
+            r->row_used = 0;
+        }
+    }
+    r->consumed += done;
+    return done;
 }
 
-/* Loads the weights blob through weight_read; returns the bytes consumed, or (size_t)-1 on error. */
-static size_t load_weights(ncnn_net_t net, const ep_blob *bin) {
+/* Loads the weights (through the map, when the build made one) with weight_read; returns the bytes of
+ * the stream consumed, or (size_t)-1 on error. *stream is set to the stream's length. */
+static size_t load_weights(ncnn_net_t net, const ep_blob *bin, const ep_blob *map, size_t *stream) {
     size_t n = ep_blob_size(bin);
     const unsigned char *data = bin->data;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    weight_reader r = {data, data + n, ((uintptr_t)data + page - 1) & ~(page - 1), 0};
+    uintptr_t page = page_size();
+    weight_reader r = {data, n, NULL, 1, 0, 0, 0, (uintptr_t)data, ((uintptr_t)data + page - 1) & ~(page - 1), 0};
+    *stream = map ? weight_map_open(&r, map) : n;
+    if (*stream == (size_t)-1) return (size_t)-1;
     if (n) r.limit = file_mapping_end((uintptr_t)data, (uintptr_t)data + n);
     ncnn_datareader_t dr = ncnn_datareader_create();
     if (!dr) return (size_t)-1;
@@ -123,9 +207,9 @@ static size_t load_weights(ncnn_net_t net, const ep_blob *bin) {
     int rc = ncnn_net_load_model_datareader(net, dr);
     tl_reader = NULL;
     ncnn_datareader_destroy(dr);
-    if (r.limit && (uintptr_t)r.released < ((uintptr_t)r.end & ~(page - 1)))  /* the tail */
-        madvise((void *)r.released, ((uintptr_t)r.end & ~(page - 1)) - r.released, MADV_DONTNEED);
-    return rc == 0 ? (size_t)(r.cur - data) : (size_t)-1;
+    /* every read copied its bytes out, so no page of the blob is needed any more */
+    if (r.limit) release_pages((uintptr_t)data, (uintptr_t)data + n, 1);
+    return rc == 0 ? r.consumed : (size_t)-1;
 }
 
 /* This process's VmRSS and VmHWM in KiB (for EDGEPACK_NCNN_TRACE). */
@@ -256,15 +340,20 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
         ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "ncnn rejected the embedded .param (unknown layer type?)");
     }
-    size_t used = load_weights(e->net, bin);
+    size_t stream = 0;
+    size_t used = load_weights(e->net, bin, spec->n_model_blobs > 2 ? &spec->model_blobs[2] : NULL, &stream);
+    if (stream == (size_t)-1) {
+        ncnn_close(e);
+        return ep_fail(st, EP_ERR_MODEL, "the embedded weight map is malformed (rebuild the artifact)");
+    }
     if (used == (size_t)-1) {
         ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "ncnn could not load the embedded weights (.param and .bin disagree?)");
     }
-    if (used != ep_blob_size(bin)) {
+    if (used != stream) {
         ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "ncnn consumed %zu of %zu weight bytes: .param and .bin disagree", used,
-                       ep_blob_size(bin));
+                       stream);
     }
     trace("loaded");
     *out = e;

@@ -9,6 +9,7 @@ from ...quantized import rounds_quotients
 from ...reference import POLICY
 from ...resources import runtimes_dir
 from .convert import PNNX_VERSION, convert, pnnx_executable
+from .dedup import deduped
 from .library import build_library
 from .ops import CONVERSION_DECIDES, SUPPORTED
 from .prune import pruned_layer_object
@@ -50,6 +51,11 @@ class NcnnBackend:
         rung = req.precision if req.precision in RUNGS else self.precision_ladder(req.target, req.precision)[0]
         weights = "fp32" if rung == "fp32" else "fp16"
         converted = convert(req.model, weights, log=req.log)
+        # a weight pnnx wrote once per layer using it is embedded once (model_blobs[2] maps it back)
+        dedup = deduped(converted.bin)
+        blobs = (converted.param, dedup.weights, dedup.segment_map) if dedup else (converted.param, converted.bin)
+        if dedup:
+            req.log(f"weights stored once each: {dedup.logical_bytes / 1e6:.1f} MB -> {dedup.stored_bytes / 1e6:.1f} MB")
         lib = build_library(req.target, req.toolchain, log=req.log)
         layer_obj, kept = pruned_layer_object(lib, set(converted.layer_types), log=req.log)
         fp16_math = rung == "fp16-arith"
@@ -65,7 +71,7 @@ class NcnnBackend:
             sources=(runtimes_dir() / "ncnn" / "ep_engine_ncnn.c", runtimes_dir() / "ncnn" / "ep_ncnn_pool.cc"),
             include_dirs=(lib.include,),
             link_inputs=(layer_obj, lib.lib),
-            model_blobs=(converted.param, converted.bin),
+            model_blobs=blobs,
             options=options,
             tolerance=POLICY,
             manifest={"pnnx": PNNX_VERSION, "conversion_cache_key": converted.key, "layers": list(converted.layer_types),
@@ -74,7 +80,8 @@ class NcnnBackend:
                       "conversion_check_max_abs_err": converted.check_error,
                       # lowered dynamic int8: Winograd off on every convolution (exact integer sums)
                       "exact_integer_convolutions": rounds_quotients(req.model.proto),
-                      "onnx_rewrites": list(converted.rewrites)},
+                      "onnx_rewrites": list(converted.rewrites),
+                      "weights_dedup": dedup.manifest() if dedup else None},
             weight_bytes=converted.bin.stat().st_size,
         )
 
