@@ -49,6 +49,8 @@ def _assert_weights_stored_once(manifest, art):
     dedup = manifest["backend"]["weights_dedup"]
     assert dedup and dedup["logical_bytes"] >= STEPS * kernel, dedup
     assert dedup["stored_bytes"] < 1.1 * kernel, dedup
+    embedded = manifest["artifact"]  # what the file holds: stored weights and map, and the runtime
+    assert dedup["stored_bytes"] < embedded["weight_bytes"] < dedup["stored_bytes"] + 4096 < embedded["size"], embedded
     assert art.stat().st_size < 3 * kernel, f"artifact {art.stat().st_size} bytes: weights embedded more than once"
 
 

@@ -82,7 +82,7 @@ class NcnnBackend:
                       "exact_integer_convolutions": rounds_quotients(req.model.proto),
                       "onnx_rewrites": list(converted.rewrites),
                       "weights_dedup": dedup.manifest() if dedup else None},
-            weight_bytes=converted.bin.stat().st_size,
+            weight_bytes=sum(p.stat().st_size for p in blobs[1:]),  # embedded: stored bytes (+ map)
         )
 
 
