@@ -25,6 +25,7 @@
 
 ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_pool.cc */
 ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve);        /* ep_ncnn_pool.cc */
+void ep_ncnn_load_reuse(int on); /* libncnn's src/allocator.cpp (load_reuse_patch.py) */
 #if defined(__x86_64__) /* isa_cap_patch.py patches x86_64 builds only */
 int ep_ncnn_cap_x86_isa(int level); /* libncnn's src/cpu.cpp (isa_cap_patch.py) */
 #endif
@@ -204,7 +205,9 @@ static size_t load_weights(ncnn_net_t net, const ep_blob *bin, const ep_blob *ma
     if (!dr) return (size_t)-1;
     dr->read = weight_read;
     tl_reader = &r;
+    ep_ncnn_load_reuse(1); /* a layer's freed load buffers go to the next layer, not back to the kernel */
     int rc = ncnn_net_load_model_datareader(net, dr);
+    ep_ncnn_load_reuse(0);
     tl_reader = NULL;
     ncnn_datareader_destroy(dr);
     /* every read copied its bytes out, so no page of the blob is needed any more */

@@ -27,6 +27,7 @@ from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
+from .load_reuse_patch import LOAD_REUSE_PATCH_KEY, patch_load_reuse
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
 from .shared_weights_patch import (SHARED_WEIGHTS_ARM_PATCH_KEY, SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights,
                                    patch_shared_weights_arm)
@@ -38,9 +39,10 @@ RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
 def _arch_patches(target: Target) -> tuple:
     """(cache-key name, version-digest, apply) of the source patches this arch's build applies (exact
-    division everywhere; shared InnerProduct kernels on x86 and Arm; the x86 kernels only on x86):
+    division and buffers reused while loading everywhere; shared InnerProduct kernels on x86 and Arm; the x86 kernels only on x86):
     one list for the key and the build, so they cannot disagree."""
-    every_arch = (("exact_div_patch", EXACT_DIV_PATCH_KEY, patch_exact_div),)
+    every_arch = (("exact_div_patch", EXACT_DIV_PATCH_KEY, patch_exact_div),
+                  ("load_reuse_patch", LOAD_REUSE_PATCH_KEY, patch_load_reuse))
     if target.arch == "aarch64":
         return every_arch + (("shared_weights_patch", SHARED_WEIGHTS_ARM_PATCH_KEY, patch_shared_weights_arm),)
     if target.arch != "x86_64":
