@@ -16,6 +16,13 @@
 
 /* out of line in libncnn (allocator.cpp), which this driver does not link */
 ncnn::Allocator::~Allocator() {}
+/* load_reuse_patch.py's switch, also in allocator.cpp: off, as it is whenever no net is loading, so
+ * the inline fastMalloc/fastFree the pool falls back to are ncnn's own (the other two are never called) */
+namespace ncnn {
+int g_ep_load_reuse = 0;
+void* ep_reuse_take(size_t) { abort(); }
+int ep_reuse_keep(void*) { abort(); }
+}
 
 namespace {
 

@@ -59,14 +59,16 @@ def test_exact_division_edits_leave_no_reciprocal_prone_division():
     assert 'float_control(precise, on)' in x86_new
 
 
-def test_every_arch_keys_the_exact_division():
+def test_every_arch_keys_the_exact_division_and_the_load_reuse():
     from edgepack.backends.ncnn import library
     from edgepack.backends.ncnn.exact_div_patch import EXACT_DIV_PATCH_KEY
+    from edgepack.backends.ncnn.load_reuse_patch import LOAD_REUSE_PATCH_KEY
     from edgepack.targets import TargetMatrix
     matrix = TargetMatrix.load()
     for name in ("x86_64", "arm64"):
         patches = {key_name: key for key_name, key, _ in library._arch_patches(matrix.get(name))}
         assert patches["exact_div_patch"] == EXACT_DIV_PATCH_KEY, name
+        assert patches["load_reuse_patch"] == LOAD_REUSE_PATCH_KEY, name  # the runtime calls ep_ncnn_load_reuse
         assert "shared_weights_patch" in patches, name   # x86 and Arm each key their own edits
 
 
@@ -77,3 +79,13 @@ def test_the_shared_kernel_table_has_no_start_up_constructor():
     top_level = [line for line in _TABLE.splitlines() if line.startswith("static ")]
     assert top_level and all(line.rstrip().endswith(")") for line in top_level), top_level
     assert "    static std::vector<EpSharedKernel> table;" in _TABLE and "    static Mutex lock;" in _TABLE
+
+
+def test_load_reuse_changes_nothing_unless_a_load_is_in_progress():
+    # fastMalloc/fastFree are inline in every ncnn file: with the flag off they must be ncnn's own calls
+    from edgepack.backends.ncnn.load_reuse_patch import _FREE_NEW, _MALLOC_NEW, _SOURCE_DEFS
+    assert "if (g_ep_load_reuse && size >= ((size_t)1 << 20)" in _MALLOC_NEW
+    assert "if (!g_ep_load_reuse || !ep_reuse_keep(ptr))\n            free(ptr);" in _FREE_NEW
+    # kept blocks are freed when the load ends, and the slots are built on first use (no start-up code)
+    assert "    static EpReuseSlots s;" in _SOURCE_DEFS and "free(s.ptr[i]);" in _SOURCE_DEFS
+    assert not [line for line in _SOURCE_DEFS.splitlines() if line.startswith("static ") and line.endswith(";")]
