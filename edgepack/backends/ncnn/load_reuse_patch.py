@@ -73,6 +73,18 @@ static EpReuseSlots& ep_reuse_slots()
     return s;
 }
 
+// frees every kept block; the caller holds s.lock
+static void ep_reuse_drain(EpReuseSlots& s)
+{
+    for (int i = 0; i < EP_REUSE_SLOTS; i++)
+    {
+        free(s.ptr[i]);
+        s.ptr[i] = 0;
+        s.size[i] = 0;
+    }
+    s.total = 0;
+}
+
 static size_t ep_usable_size(void* ptr)
 {
 #if defined(__APPLE__)
@@ -104,13 +116,7 @@ void* ep_reuse_take(size_t size)
     {
         // none fits: the kept blocks are of sizes this load has moved past; holding them while a
         // fresh block is mapped would only raise the peak
-        for (int i = 0; i < EP_REUSE_SLOTS; i++)
-        {
-            free(s.ptr[i]);
-            s.ptr[i] = 0;
-            s.size[i] = 0;
-        }
-        s.total = 0;
+        ep_reuse_drain(s);
     }
     s.lock.unlock();
     return ptr;
@@ -148,15 +154,7 @@ extern "C" NCNN_EXPORT void ep_ncnn_load_reuse(int on)
     s.lock.lock();
     ncnn::g_ep_load_reuse = on ? 1 : 0;
     if (!on)
-    {
-        for (int i = 0; i < EP_REUSE_SLOTS; i++)
-        {
-            free(s.ptr[i]);
-            s.ptr[i] = 0;
-            s.size[i] = 0;
-        }
-        s.total = 0;
-    }
+        ncnn::ep_reuse_drain(s);
     s.lock.unlock();
 }
 
