@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -82,3 +83,19 @@ def test_map_encoding_and_cache(tmp_path):
     small.parent.mkdir()
     small.write_bytes(rng.standard_normal(1000).astype(np.float32).tobytes() * 2)
     assert dedup.deduped(small) is None  # saves under MIN_SAVING: the plain .bin
+
+
+def test_targets_deduping_one_conversion_at_once_agree(tmp_path):
+    # `build --target x86_64,arm64` builds targets in threads, and two of them can share a conversion:
+    # a temporary file named from the pid alone was moved away under the other thread (the build failed)
+    rng = np.random.default_rng(6)
+    for name, data in (("saves", b"".join([b"\0" * 4 + rng.standard_normal(64 * 1024).astype(np.float32).tobytes()] * 3)),
+                       ("small", rng.standard_normal(5000).astype(np.float32).tobytes())):
+        binf = tmp_path / name / "model.ncnn.bin"
+        binf.parent.mkdir()
+        binf.write_bytes(data)
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda _: dedup.deduped(binf), range(8)))
+        assert all(g == got[0] for g in got)
+        assert (got[0] is None) == (name == "small")
+        assert not list(binf.parent.glob(".*.tmp"))

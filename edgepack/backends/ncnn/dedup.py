@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,9 +109,16 @@ def encode_map(logical: int, rows: list[tuple[int, int]]) -> bytes:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    # a temporary name of its own: two targets of one build (threads of one process) can dedupe the
+    # same conversion at once, and a name made from the pid alone was moved away under the other
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def deduped(bin_path: Path) -> DedupedWeights | None:
