@@ -85,6 +85,14 @@ def latency(artifact: Path, model: Path, feeds: dict, env: dict | None, rounds: 
     return min(ours), min(theirs)
 
 
+def drop_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def side_by_side(artifact: Path, model: Path, shapes: dict, runs: int, switches: str = "") -> dict:
     import numpy as np
     from edgepack.model import fix_input_shapes, load_model
@@ -108,6 +116,10 @@ def side_by_side(artifact: Path, model: Path, shapes: dict, runs: int, switches:
         (tmp / "ort").mkdir()
         theirs = [sys.executable, "-c", ORT_SCRIPT, str(model), str(tmp / "ort"), *[str(f) for _, f in files]]
         env = dict(os.environ, EDGEPACK_NCNN_OPTIONS=switches) if switches else None
+        # The artifact's pages leave the page cache first, so they come back by plain readahead: a file
+        # just written (a fresh build) can sit in large folios, which map more of it at once and showed
+        # up to 3.7 MB more peak RSS for the same executable (docs/benchmarks.md, twelfth session).
+        drop_page_cache(artifact)
         measure(ours, env), measure(theirs)  # page cache warm for both: cold start of the process, not the disk
         a, b = [], []
         for _ in range(runs):
