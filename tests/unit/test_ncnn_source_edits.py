@@ -83,8 +83,9 @@ def test_the_shared_kernel_table_has_no_start_up_constructor():
 
 def test_load_reuse_changes_nothing_unless_a_load_is_in_progress():
     # fastMalloc/fastFree are inline in every ncnn file: with the flag off they must be ncnn's own calls
-    from edgepack.backends.ncnn.load_reuse_patch import _FREE_NEW, _MALLOC_NEW, _SOURCE_DEFS
-    assert "if (g_ep_load_reuse && size >= ((size_t)1 << 20)" in _MALLOC_NEW
+    from edgepack.backends.ncnn.load_reuse_patch import _FREE_NEW, _HEADER_DECLS, _MALLOC_NEW, _SOURCE_DEFS
+    assert "#define EP_REUSE_MIN ((size_t)1 << 20)" in _HEADER_DECLS  # one threshold, the header's
+    assert "if (g_ep_load_reuse && size >= EP_REUSE_MIN" in _MALLOC_NEW and "EP_REUSE_MIN (" not in _SOURCE_DEFS
     assert "if (!g_ep_load_reuse || !ep_reuse_keep(ptr))\n            free(ptr);" in _FREE_NEW
     # kept blocks are freed when the load ends, and the slots are built on first use (no start-up code)
     assert "    static EpReuseSlots s;" in _SOURCE_DEFS and "ncnn::ep_reuse_drain(s);" in _SOURCE_DEFS

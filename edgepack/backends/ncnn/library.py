@@ -39,8 +39,8 @@ RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
 def _arch_patches(target: Target) -> tuple:
     """(cache-key name, version-digest, apply) of the source patches this arch's build applies (exact
-    division and buffers reused while loading everywhere; shared InnerProduct kernels on x86 and Arm; the x86 kernels only on x86):
-    one list for the key and the build, so they cannot disagree."""
+    division and buffers reused while loading everywhere; shared InnerProduct kernels on x86 and Arm;
+    the x86 kernels only on x86): one list for the key and the build, so they cannot disagree."""
     every_arch = (("exact_div_patch", EXACT_DIV_PATCH_KEY, patch_exact_div),
                   ("load_reuse_patch", LOAD_REUSE_PATCH_KEY, patch_load_reuse))
     if target.arch == "aarch64":

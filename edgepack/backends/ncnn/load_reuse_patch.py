@@ -25,6 +25,7 @@ LOAD_REUSE_PATCH_VERSION = 1
 _HEADER_DECLS = r'''namespace ncnn {
 
 // edgepack (load_reuse_patch.py): large freed blocks are reused while a net loads its weights
+#define EP_REUSE_MIN ((size_t)1 << 20) // blocks from this size up are kept and handed back
 extern int g_ep_load_reuse;
 NCNN_EXPORT void* ep_reuse_take(size_t size);
 NCNN_EXPORT int ep_reuse_keep(void* ptr);
@@ -36,7 +37,7 @@ _MALLOC_OLD = '''    void* ptr = 0;
     return ptr;
 '''
 _MALLOC_NEW = '''    void* ptr = 0;
-    if (g_ep_load_reuse && size >= ((size_t)1 << 20) && (ptr = ep_reuse_take(size + NCNN_MALLOC_OVERREAD)) != 0)
+    if (g_ep_load_reuse && size >= EP_REUSE_MIN && (ptr = ep_reuse_take(size + NCNN_MALLOC_OVERREAD)) != 0)
         return ptr;
     if (posix_memalign(&ptr, NCNN_MALLOC_ALIGN, size + NCNN_MALLOC_OVERREAD))
         ptr = 0;
@@ -54,7 +55,6 @@ _SOURCE_DEFS = r'''namespace ncnn {
 
 // edgepack (load_reuse_patch.py)
 #define EP_REUSE_SLOTS 4
-#define EP_REUSE_MIN ((size_t)1 << 20)
 #define EP_REUSE_CAP ((size_t)64 << 20)
 
 int g_ep_load_reuse = 0;
@@ -130,9 +130,9 @@ int ep_reuse_keep(void* ptr)
     EpReuseSlots& s = ep_reuse_slots();
     int kept = 0;
     s.lock.lock();
-    for (int i = 0; i < EP_REUSE_SLOTS && !kept; i++)
+    for (int i = 0; g_ep_load_reuse && i < EP_REUSE_SLOTS && !kept; i++)
     {
-        if (g_ep_load_reuse && !s.ptr[i] && s.total + size <= EP_REUSE_CAP)
+        if (!s.ptr[i] && s.total + size <= EP_REUSE_CAP)
         {
             s.ptr[i] = ptr;
             s.size[i] = size;

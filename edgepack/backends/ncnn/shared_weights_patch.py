@@ -13,8 +13,8 @@ with the same key instead of transforming its own; a Mat is reference-counted, s
 long as a layer using it. The table drops an entry once only the table holds it (its layers were
 destroyed), and a mutex guards it (nets may be created on several threads). Only kernels from the
 default allocator are shared: ncnn's fp16 cast of an unpacked kernel takes the net's blob allocator, a
-pool that dies with the net (sharing one crashed the artifact at exit, freeing into the gone pool). int8 and bf16 kernels are
-not shared. A hash match is taken as equality: a model whose layers collide on 128 bits by design
+pool that dies with the net (sharing one crashed the artifact at exit, freeing into the gone pool).
+int8 and bf16 kernels are not shared. A hash match is taken as equality: a model whose layers collide on 128 bits by design
 could only corrupt its own outputs, and the artifact's verification would see it.
 x86 builds carry SHARED_WEIGHTS_PATCH_KEY in their cache key, Arm builds SHARED_WEIGHTS_ARM_PATCH_KEY.
 """
@@ -24,7 +24,8 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-SHARED_WEIGHTS_PATCH_VERSION = 3  # 2: no start-up constructors (the AVX-512 build's trapped on SSE CPUs); 3: default-allocator kernels only
+# 2: no start-up constructors (the AVX-512 build's trapped on SSE CPUs); 3: default-allocator kernels only
+SHARED_WEIGHTS_PATCH_VERSION = 3
 
 IP_FILE = "src/layer/x86/innerproduct_x86.cpp"
 
