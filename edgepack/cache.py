@@ -47,3 +47,11 @@ def locked(path: Path):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def touch_used(entry: Path) -> None:
+    """Stamp a cache entry as used now (`edgepack cache prune` judges unused entries by it)."""
+    try:
+        (entry / "last-used").touch()
+    except OSError:  # a read-only cache still builds
+        pass

@@ -7,6 +7,6 @@ from __future__ import annotations
 
 def all_commands():
     """Every top-level command, in the order of `edgepack --help` sections."""
-    from . import build, deploy, fleet, info, oci, run, tune
-    for module in (build, run, info, tune, deploy, fleet, oci):
+    from . import build, cache, deploy, fleet, info, oci, run, tune
+    for module in (build, run, info, tune, deploy, fleet, oci, cache):
         yield from module.COMMANDS

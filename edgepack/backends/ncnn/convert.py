@@ -123,6 +123,7 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     with locked(cache_root() / "locks" / f"ncnn-model-{entry}.lock"):
         meta_path = root / "convert.json"
         if meta_path.is_file():
+            touch_used(root)
             meta = json.loads(meta_path.read_text())
             return NcnnModel(root / "model.ncnn.param", root / "model.ncnn.bin", **{
                 k: tuple(v) if isinstance(v, list) else v for k, v in meta.items()})

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import proc
-from ...cache import cache_root, key_of, locked
+from ...cache import cache_root, key_of, locked, touch_used
 from ...elf import check_archive_arch
 from ...errors import BuildError, ToolMissingError
 from ...progress import StepProgress
@@ -105,8 +105,10 @@ def _pic(target: Target) -> bool:
     return target.link in ("static-pie", "dynamic")
 
 
-def runtime_key(target: Target, toolchain: Toolchain) -> str:
-    tvm_root = tvm_package_dir()
+def runtime_key(target: Target, toolchain: Toolchain, tvm_root: Path | None = None) -> str:
+    """``tvm_root``: the apache-tvm package folder when already known (`edgepack cache` keys entries
+    without importing tvm)."""
+    tvm_root = tvm_root or tvm_package_dir()
     wheel_files = [p for p in (tvm_root / "src" / "runtime").rglob("*")
                    if p.is_file() and ("extra" not in p.parts or "sort" in p.parts)]
     wheel_files += [p for p in (tvm_root / "include").rglob("*.h")]
@@ -132,6 +134,7 @@ def build_runtime(target: Target, toolchain: Toolchain, *, log=None) -> TvmRunti
     result = TvmRuntime(root, archives, includes, key)
     with locked(cache_root() / "locks" / f"tvm-runtime-{key}.lock"):
         if (root / "done.json").is_file() and all(a.is_file() for a in archives):
+            touch_used(root)
             return result
         if log:
             log(f"building the TVM runtime for {target.triple.zig} (one-time, cached as {root.name}; a few minutes)")
