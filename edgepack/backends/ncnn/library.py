@@ -186,6 +186,7 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
                          tuple(sorted(opts.items())))
     with locked(cache_root() / "locks" / f"ncnn-{key}.lock"):
         if (root / "done.json").is_file() and lib.is_file():
+            (root / "last-used").touch()  # `edgepack cache prune` judges use by this stamp
             # Link-time pruning recompiles layer.cpp through these wrappers: keep them pointing at
             # the zig of the edgepack running now (a pip install, a frozen binary, a moved checkout).
             toolchain.write_wrappers(root / "toolchain", target, generic_cpu(target), march_flags(root / "src"))
