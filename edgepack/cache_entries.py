@@ -274,8 +274,8 @@ def prune(entries: list[Entry], *, dry_run: bool = False) -> list[Removal]:
     root = Path(os.path.realpath(cache_root()))
     out: list[Removal] = []
     for e in entries:
-        if not _inside(e.path, root):
-            out.append(Removal(e, False, "outside the cache (a symlinked folder): left alone"))
+        if not _inside(e.path, root) or (e.path.is_symlink() and not _inside(e.path.resolve() / "x", root)):
+            out.append(Removal(e, False, "a symlink out of the cache: left alone"))
             continue
         if dry_run:
             out.append(Removal(e, False))

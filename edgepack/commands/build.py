@@ -114,6 +114,19 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
     if failed:
         codes = {r.exit_code for r in failed}
         raise SystemExit(codes.pop() if len(codes) == 1 else 1)
+    _cache_hint(target_dirs(targets_dir))
+
+
+def _cache_hint(extra_dirs: list[Path]) -> None:
+    """One line when superseded or unfinished builds take more than 200 MB of the cache."""
+    from ..cache_entries import reclaimable_build_bytes
+    try:
+        stale = reclaimable_build_bytes(extra_dirs)
+    except Exception:  # a hint must never fail a build that passed
+        return
+    if stale > 200e6:
+        err_console.print(f"[yellow]hint:[/yellow] the cache holds {stale / 1e6:.0f} MB of superseded builds: "
+                          "`edgepack cache prune` frees them", soft_wrap=True)
 
 
 @click.command()
