@@ -186,3 +186,22 @@ def test_build_hint_counts_only_superseded_builds(fake):
     expected = sum(e.bytes for e in list_entries() if e.kind in ("ncnn", "tvm-runtime", "source", "tools")
                    and e.state in ("superseded", "incomplete"))
     assert reclaimable_build_bytes() == expected > 4000
+
+
+def test_build_prints_the_hint_over_200_mb(fake, monkeypatch, capsys):
+    from edgepack import cache_entries
+    from edgepack.commands import build
+    monkeypatch.setattr(cache_entries, "reclaimable_build_bytes", lambda extra=None: 150e6)
+    build._cache_hint([])
+    assert "cache prune" not in capsys.readouterr().err
+    monkeypatch.setattr(cache_entries, "reclaimable_build_bytes", lambda extra=None: 350e6)
+    build._cache_hint([])
+    err = capsys.readouterr().err
+    assert "the cache holds 350 MB of superseded builds: `edgepack cache prune` frees them" in err
+
+
+def test_cache_hit_stamp(tmp_path):
+    from edgepack.cache import touch_used
+    touch_used(tmp_path)
+    assert (tmp_path / "last-used").is_file()
+    touch_used(tmp_path / "missing")  # never raises
