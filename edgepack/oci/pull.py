@@ -137,6 +137,7 @@ def pull_cached(client: RegistryClient, ref: Reference, entry: dict) -> PullResu
             import json
             res = json.loads(done.read_text())
             if all((folder / n).is_file() and sha256_file(folder / n) == s for n, s in res["files"].items()):
+                done.touch()  # last used: `edgepack cache prune` judges pulls by age
                 return PullResult(str(ref), entry["digest"], res["target"], layout.entry_platform(entry)
                                   or Platform("linux", "?"), folder, res["files"], folder / res["executable"])
         shutil.rmtree(folder, ignore_errors=True)
