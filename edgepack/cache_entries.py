@@ -35,7 +35,8 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 @dataclass(frozen=True)
 class Entry:
-    kind: str            # ncnn, tvm-runtime, ncnn-model, ncnn-leftover, oci, source, tools, zig-cache, tuning, corpus, other
+    kind: str            # ncnn, tvm-runtime, source, tools, ncnn-model, ncnn-leftover, oci, zig-cache,
+                         # tuning, corpus, other
     path: Path
     bytes: int
     last_used: float     # epoch seconds
