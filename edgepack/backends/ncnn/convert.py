@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import proc
-from ...cache import cache_root, key_of, locked, sha256_bytes
+from ...cache import cache_root, key_of, locked, sha256_bytes, touch_used
 from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
 from ...quantized import rounds_quotients
