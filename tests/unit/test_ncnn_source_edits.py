@@ -90,3 +90,19 @@ def test_load_reuse_changes_nothing_unless_a_load_is_in_progress():
     # kept blocks are freed when the load ends, and the slots are built on first use (no start-up code)
     assert "    static EpReuseSlots s;" in _SOURCE_DEFS and "ncnn::ep_reuse_drain(s);" in _SOURCE_DEFS
     assert not [line for line in _SOURCE_DEFS.splitlines() if line.startswith("static ") and line.endswith(";")]
+
+
+def test_fp16_weights_patch_is_x86_only_and_applies_after_the_edits_it_extends():
+    # its modelbin edit extends load_reuse_patch's read buffer, its InnerProduct edits the shared-kernel
+    # code of shared_weights_patch: applied before them, its anchors would not exist
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, _MB_WIDEN_NEW, _IP_LOAD_NEW
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    x86 = [name for name, _, _ in library._arch_patches(matrix.get("x86_64"))]
+    assert x86.index("fp16_weights_patch") > max(x86.index("load_reuse_patch"), x86.index("shared_weights_patch"))
+    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))["fp16_weights_patch"] == FP16_WEIGHTS_PATCH_KEY
+    assert "fp16_weights_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
+    # the read buffer is handed over only when InnerProduct_x86 asks; int8-scaled layers load as before
+    assert "if (d->ep_keep_fp16)" in _MB_WIDEN_NEW and "Mat::from_float16(&float16_weights[0], w);" in _MB_WIDEN_NEW
+    assert "if (int8_scale_term)\n        return InnerProduct::load_model(mb);" in _IP_LOAD_NEW

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ... import proc
 from ...progress import StepProgress
-from ...cache import cache_root, key_of, locked
+from ...cache import cache_root, key_of, locked, touch_used
 from ...elf import check_archive_arch
 from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
@@ -26,6 +26,7 @@ from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
+from .fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights
 from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
 from .load_reuse_patch import LOAD_REUSE_PATCH_KEY, patch_load_reuse
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
@@ -50,7 +51,8 @@ def _arch_patches(target: Target) -> tuple:
     return every_arch + (
         ("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
         ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap),
-        ("shared_weights_patch", SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights))
+        ("shared_weights_patch", SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights),
+        ("fp16_weights_patch", FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights))
 
 
 BASE_OPTIONS = {
@@ -186,7 +188,7 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
                          tuple(sorted(opts.items())))
     with locked(cache_root() / "locks" / f"ncnn-{key}.lock"):
         if (root / "done.json").is_file() and lib.is_file():
-            (root / "last-used").touch()  # `edgepack cache prune` judges use by this stamp
+            touch_used(root)  # `edgepack cache prune` judges use by this stamp
             # Link-time pruning recompiles layer.cpp through these wrappers: keep them pointing at
             # the zig of the edgepack running now (a pip install, a frozen binary, a moved checkout).
             toolchain.write_wrappers(root / "toolchain", target, generic_cpu(target), march_flags(root / "src"))
