@@ -106,3 +106,8 @@ def test_fp16_weights_patch_is_x86_only_and_applies_after_the_edits_it_extends()
     # the read buffer is handed over only when InnerProduct_x86 asks; int8-scaled layers load as before
     assert "if (d->ep_keep_fp16)" in _MB_WIDEN_NEW and "Mat::from_float16(&float16_weights[0], w);" in _MB_WIDEN_NEW
     assert "if (int8_scale_term)\n        return InnerProduct::load_model(mb);" in _IP_LOAD_NEW
+    # Gemm: only a large, transposed, unquantised constant B is kept in fp16 (the layout pnnx writes)
+    from edgepack.backends.ncnn.fp16_weights_patch import _GEMM_LOAD_NEW, _GEMM_PACK_NEW
+    assert "if (constantB != 1 || transB != 1 || weight_block_quantize || quantize_term" in _GEMM_LOAD_NEW
+    assert "#define EP_GEMM_KEEP_FP16_MIN (1 << 19)" in _GEMM_LOAD_NEW
+    assert "ep_widen_fp16_block(B_data, K, j, max_jj, k, max_kk, block);" in _GEMM_PACK_NEW

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-FP16_WEIGHTS_PATCH_VERSION = 1
+FP16_WEIGHTS_PATCH_VERSION = 2  # 2: Gemm_x86's large constant B too
 
 _MB_BASE_DECL_OLD = "    // load vec\n    virtual Mat load(int w, int type) const;\n"
 _MB_BASE_DECL_NEW = _MB_BASE_DECL_OLD + (
@@ -192,6 +192,111 @@ _IP_FP16S_NEW = '''        if (weight_data.elemsize == 2u)
             innerproduct_transform_kernel_fp16s(weight_data, weight_data_tm, num_input, num_output, opt);
 '''
 
+_GEMM_DECL_OLD = "    Gemm_x86();\n\n    virtual int create_pipeline(const Option& opt);\n"
+_GEMM_DECL_NEW = "    Gemm_x86();\n\n    virtual int load_model(const ModelBin& mb);\n    virtual int create_pipeline(const Option& opt);\n"
+
+_GEMM_LOAD_OLD = "Gemm_x86::Gemm_x86()\n{\n"
+_GEMM_LOAD_NEW = """// edgepack (fp16_weights_patch.py): a large constant B stored in fp16 stays fp16 until
+// create_pipeline packs it, tile by tile, into ncnn's fp32 layout (widened whole it was the load peak)
+#define EP_GEMM_KEEP_FP16_MIN (1 << 19) // elements of B: 1 MiB of fp16 and up; smaller ones load as before
+
+namespace {
+
+// forwards every load to the net's ModelBin; the load numbered `keep` comes back as stored when fp16
+class EpKeepFp16ModelBin : public ModelBin
+{
+public:
+    EpKeepFp16ModelBin(const ModelBin& _mb, int _keep)
+        : mb(_mb), keep(_keep), calls(0)
+    {
+    }
+    using ModelBin::load;
+    virtual Mat load(int w, int type) const
+    {
+        return calls++ == keep && type == 0 ? mb.ep_load_fp16(w) : mb.load(w, type);
+    }
+    virtual Mat ep_load_fp16(int w) const
+    {
+        calls++;
+        return mb.ep_load_fp16(w);
+    }
+
+private:
+    const ModelBin& mb;
+    const int keep;
+    mutable int calls;
+};
+
+// rows [r0, r0 + rows) x columns [c0, c0 + cols) of an fp16 matrix `width` wide, as fp32
+static void ep_widen_fp16_block(const Mat& B16, int width, int r0, int rows, int c0, int cols, Mat& out)
+{
+    out.create(cols, rows, (size_t)4u, (Allocator*)0);
+    for (int r = 0; r < rows; r++)
+    {
+        const unsigned short* src = (const unsigned short*)B16.data + (size_t)(r0 + r) * width + c0;
+        float* dst = out.row(r);
+        for (int c = 0; c < cols; c++)
+            dst[c] = float16_to_float32(src[c]);
+    }
+}
+
+} // namespace
+
+int Gemm_x86::load_model(const ModelBin& mb)
+{
+    // (pnnx writes a constant B transposed, transB=1: the only layout taken here)
+    if (constantB != 1 || transB != 1 || weight_block_quantize || quantize_term
+            || (size_t)constantK * (size_t)constantN < (size_t)EP_GEMM_KEEP_FP16_MIN)
+        return Gemm::load_model(mb);
+
+    // Gemm::load_model loads A (when constant) first, then B
+    EpKeepFp16ModelBin keep_b(mb, constantA == 1 ? 1 : 0);
+    return Gemm::load_model(keep_b);
+}
+
+""" + _GEMM_LOAD_OLD
+
+_GEMM_BF16_OLD = "int Gemm_x86::create_pipeline_bf16s(const Option& opt)\n{\n"
+_GEMM_BF16_NEW = _GEMM_BF16_OLD + """    if (B_data.elemsize == 2u)
+    {
+        // edgepack (fp16_weights_patch.py): this path casts B whole; give it fp32
+        Mat B32;
+        Option o = opt;
+        o.blob_allocator = 0;
+        cast_float16_to_float32(B_data, B32, o);
+        if (B32.empty())
+            return -100;
+        B_data = B32;
+    }
+
+"""
+
+_GEMM_PACK_OLD = """            if (transB)
+            {
+                pack_B_tile(B_data, BT_tile, j, max_jj, k, max_kk);
+            }
+            else
+            {
+                transpose_pack_B_tile(B_data, BT_tile, j, max_jj, k, max_kk);
+            }
+"""
+_GEMM_PACK_NEW = """            if (B_data.elemsize == 2u)
+            {
+                // edgepack (fp16_weights_patch.py): widen only this tile's block of the fp16 B (N x K)
+                Mat block;
+                ep_widen_fp16_block(B_data, K, j, max_jj, k, max_kk, block);
+                pack_B_tile(block, BT_tile, 0, max_jj, 0, max_kk);
+            }
+            else if (transB)
+            {
+                pack_B_tile(B_data, BT_tile, j, max_jj, k, max_kk);
+            }
+            else
+            {
+                transpose_pack_B_tile(B_data, BT_tile, j, max_jj, k, max_kk);
+            }
+"""
+
 _FILE_EDITS = (
     ("src/modelbin.h", (
         ("ModelBin's load(w, type)", _MB_BASE_DECL_OLD, _MB_BASE_DECL_NEW, 1),
@@ -210,6 +315,12 @@ _FILE_EDITS = (
         ("create_pipeline_bf16s", _IP_BF16_OLD, _IP_BF16_NEW, 1),
         ("create_pipeline_fp16s", _IP_CHUNKED_OLD, _IP_CHUNKED_NEW, 1),
         ("the fp16 transform", _IP_FP16S_OLD, _IP_FP16S_NEW, 1),
+    )),
+    ("src/layer/x86/gemm_x86.h", (("Gemm_x86's declarations", _GEMM_DECL_OLD, _GEMM_DECL_NEW, 1),)),
+    ("src/layer/x86/gemm_x86.cpp", (
+        ("Gemm_x86's constructor", _GEMM_LOAD_OLD, _GEMM_LOAD_NEW, 1),
+        ("create_pipeline_bf16s", _GEMM_BF16_OLD, _GEMM_BF16_NEW, 1),
+        ("the fp32 packing of a constant B", _GEMM_PACK_OLD, _GEMM_PACK_NEW, 1),
     )),
 )
 
