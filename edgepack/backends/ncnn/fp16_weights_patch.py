@@ -1,12 +1,12 @@
-"""x86 InnerProduct layers keep fp16 weights in fp16 until they are packed (src/modelbin.{h,cpp},
-src/layer/x86/innerproduct_x86.{h,cpp}).
+"""x86 InnerProduct layers, and Gemm layers with a large constant B, keep fp16 weights in fp16 until they
+are packed (src/modelbin.{h,cpp}, src/layer/x86/innerproduct_x86.{h,cpp}, src/layer/x86/gemm_x86.{h,cpp}).
 
-ncnn widens every fp16 weight of a .bin to an fp32 Mat as it loads it, and create_pipeline then packs
-that fp32 copy back into fp16 for the fp16-storage kernels, so a large fully connected layer held its
-fp16 read buffer, an fp32 copy twice its size and its packed kernel at once (a test model of four
-heads, 512 x 14214 fp16 weights: 37.1 MiB peak before, 23.4 after). ddddocr_old_int8's and
-ddddocr_crnn's 1024 x 8210 classifier is a Gemm with a constant B, not an InnerProduct: their peak
-(~86 MiB) does not change; Gemm_x86 packs B in fp32 and would need the same treatment.
+ncnn widens every fp16 weight of a .bin to an fp32 Mat as it loads it, then packs that copy: back into
+fp16 for InnerProduct's fp16-storage kernels, into its fp32 tile layout for Gemm. A large layer held its
+fp16 read buffer, an fp32 copy and its packed kernel at once. Measured peaks, before -> after: a test
+model of four InnerProduct heads (512 x 14214 fp16 weights) 37.1 -> 23.4 MiB; two sequence classifiers
+(Gemm, 512 x 11210) 40.1 -> 32.2 MiB; ddddocr_old_int8, whose 1024 x 8210 classifier is such a Gemm,
+85.7 -> 70.2 MiB (issue 10 item 5).
 
 Now InnerProduct_x86::load_model asks the ModelBin for the weights as they are stored
 (``ep_load_fp16``: fp16 stays an elemsize-2 Mat over the read buffer; every other storage loads as
@@ -20,7 +20,11 @@ before), and create_pipeline:
 - any other path (fp32, bf16, a CPU without F16C): widens the whole weight first, as ncnn did.
 Layers with int8 scales load as before (ncnn quantises their fp32 weights at load). The shared-kernel
 key (shared_weights_patch.py) hashes the bytes as loaded, so layers with equal fp16 weights still share.
-x86 builds only; Arm keeps widening (its InnerProduct transforms differ).
+Gemm_x86: a constant B of at least EP_GEMM_KEEP_FP16_MIN elements, transposed (transB=1, the layout pnnx
+writes) and not quantised, is loaded through a ModelBin wrapper that asks for that one load as stored;
+create_pipeline widens each tile's block of it (a few KiB) just before ncnn's own pack_B_tile. Its bf16
+path widens B whole first. Smaller or other B load as before.
+x86 builds only; Arm keeps widening (its InnerProduct and Gemm transforms differ).
 """
 from __future__ import annotations
 
