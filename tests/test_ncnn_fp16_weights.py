@@ -49,16 +49,20 @@ def _heads_model(path):
     return path, weights
 
 
-def test_fp16_weights_packed_in_chunks_match_on_every_x86_cpu(tmp_path):
-    model, weights = _heads_model(tmp_path / "heads.onnx")
-    proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", "--out", str(tmp_path / "out"),
-                        "--json")
+def _build_fp16(model, out, layer):
+    """The fp16-storage x86_64 NCNN artifact of `model`, which must hold a `layer` layer."""
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", "--out", str(out), "--json")
     report = json.loads(proc.stdout) if proc.stdout.strip() else {}
     assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
     assert report["results"][0]["precision"] == "fp16-storage", report["results"][0]
-    manifest = json.loads((tmp_path / "out" / "heads-x86_64.json").read_text())
-    assert "InnerProduct" in manifest["backend"]["layers"], manifest["backend"]["layers"]
-    art = tmp_path / "out" / "heads-x86_64"
+    layers = json.loads((out / f"{model.stem}-x86_64.json").read_text())["backend"]["layers"]
+    assert layer in layers, layers
+    return out / f"{model.stem}-x86_64"
+
+
+def test_fp16_weights_packed_in_chunks_match_on_every_x86_cpu(tmp_path):
+    model, weights = _heads_model(tmp_path / "heads.onnx")
+    art = _build_fp16(model, tmp_path / "out", "InnerProduct")
 
     x = np.random.default_rng(3).standard_normal((1, K)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
@@ -109,13 +113,7 @@ def _sequence_model(path):
 
 def test_gemm_with_a_large_constant_b_packs_it_from_fp16(tmp_path):
     model, weights = _sequence_model(tmp_path / "seqgemm.onnx")
-    proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", "--out", str(tmp_path / "out"),
-                        "--json")
-    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
-    assert report["results"][0]["precision"] == "fp16-storage", report["results"][0]
-    assert "Gemm" in json.loads((tmp_path / "out" / "seqgemm-x86_64.json").read_text())["backend"]["layers"]
-    art = tmp_path / "out" / "seqgemm-x86_64"
+    art = _build_fp16(model, tmp_path / "out", "Gemm")
 
     x = np.random.default_rng(6).standard_normal((T, K)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
