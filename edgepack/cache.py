@@ -37,6 +37,17 @@ def key_of(obj) -> str:
     return hashlib.sha256(blob).hexdigest()[:20]
 
 
+# The lock file of each kind of cache entry, by name: builders take it while they build, and
+# `edgepack cache prune` takes the same one (without waiting) before it removes the entry.
+_LOCK_PREFIX = {"ncnn": "ncnn-", "tvm-runtime": "tvm-runtime-", "source": "", "tools": "tools-",
+                "ncnn-model": "ncnn-model-", "tuning": "tvm-tune-"}
+
+
+def lock_file(kind: str, name: str) -> Path:
+    """The lock of the ``kind`` cache entry called ``name`` (a key, a file name or a digest)."""
+    return cache_root() / "locks" / f"{_LOCK_PREFIX[kind]}{name}.lock"
+
+
 @contextlib.contextmanager
 def locked(path: Path):
     """An exclusive lock so two edgepack processes never build the same cache entry at once."""

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import cache_root, key_of
+from .cache import cache_root, key_of, lock_file
 from .errors import EdgepackError, UsageError
 
 STAMP = "last-used"
@@ -166,36 +166,35 @@ def list_entries(extra_dirs: list[Path] | None = None, *, kinds: tuple[str, ...]
     """Every entry of the cache (or only ``kinds``), with its state."""
     root = cache_root()
     keys = keys or current_keys(extra_dirs)
-    locks = root / "locks"
     want = (lambda k: True) if kinds is None else (lambda k: k in kinds)
     out: list[Entry] = []
     if want("ncnn"):
         for p in _children(root / "ncnn"):
             key = p.name.rsplit("-", 1)[-1]
             out.append(_entry("ncnn", p, _keyed(keys.ncnn, p.name, (p / "done.json").is_file()),
-                              locks / f"ncnn-{key}.lock"))
+                              lock_file("ncnn", key)))
     if want("tvm-runtime"):
         for p in _children(root / "tvm-runtime"):
             key = p.name.rsplit("-", 1)[-1]
             out.append(_entry("tvm-runtime", p, _keyed(keys.tvm_runtime, p.name, (p / "done.json").is_file()),
-                              locks / f"tvm-runtime-{key}.lock"))
+                              lock_file("tvm-runtime", key)))
     if want("source"):
         for p in _children(root / "src"):
             if p.suffix == ".part":  # a download cut short (sources.fetch writes <name>.with_suffix(".part"))
                 name = next((n for n in keys.sources if Path(n).with_suffix(".part").name == p.name), None)
-                out.append(_entry("source", p, "incomplete", locks / f"{name}.lock" if name else None))
+                out.append(_entry("source", p, "incomplete", lock_file("source", name) if name else None))
             else:
                 out.append(_entry("source", p, "current" if p.name in keys.sources else "superseded",
-                                  locks / f"{p.name}.lock"))
+                                  lock_file("source", p.name)))
     if want("tools"):
         for p in _children(root / "tools"):
             name = p.name.split(".", 1)[0]
             done = p.suffix != ".part" and (p / ".complete").is_file()
-            out.append(_entry("tools", p, _keyed(keys.tools, name, done), locks / f"tools-{name}.lock"))
+            out.append(_entry("tools", p, _keyed(keys.tools, name, done), lock_file("tools", name)))
     if want("ncnn-model"):
         for p in _children(root / "ncnn-models"):
             out.append(_entry("ncnn-model", p, "unkeyed" if (p / "convert.json").is_file() else "incomplete",
-                              locks / f"ncnn-model-{p.name}.lock"))
+                              lock_file("ncnn-model", p.name)))
     if want("ncnn-leftover"):
         out += [_entry("ncnn-leftover", p, "unkeyed", None) for p in _children(root / "ncnn-leftovers")]
     if want("oci"):
@@ -210,7 +209,7 @@ def list_entries(extra_dirs: list[Path] | None = None, *, kinds: tuple[str, ...]
     if want("tuning"):
         for p in _children(root / "tvm-tuning"):
             state = "unkeyed" if keys.tuning is None else "current" if p.name in keys.tuning else "superseded"
-            out.append(_entry("tuning", p, state, locks / f"tvm-tune-{key_of(str(p.resolve()))}.lock"))
+            out.append(_entry("tuning", p, state, lock_file("tuning", key_of(str(p.resolve())))))
     if want("corpus") and ((root / "corpus").exists() or (root / "corpus").is_symlink()):
         out.append(_entry("corpus", root / "corpus", "unkeyed", None))
     if want("other"):

@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import cache_root, locked, sha256_file
+from .cache import cache_root, lock_file, locked, sha256_file
 from .errors import BuildError
 
 
@@ -85,7 +85,7 @@ def fetch(src: PinnedSource) -> Path:
     override = os.environ.get(f"EDGEPACK_{src.project.upper().replace('-', '_')}_SDIST")
     if override:
         dest = Path(override)
-    with locked(cache_root() / "locks" / f"{src.filename}.lock"):
+    with locked(lock_file("source", src.filename)):
         if dest.is_file() and sha256_file(dest) == src.sha256:
             return dest
         if override:

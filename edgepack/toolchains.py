@@ -220,8 +220,8 @@ def frozen_tool_dir(package: str) -> Path | None:
         raise ToolMissingError(f"this frozen edgepack does not carry {package}")
     dest = cache_root() / "tools" / info["sha256"][:16]
     if not (dest / ".complete").is_file():
-        from .cache import locked
-        with locked(cache_root() / "locks" / f"tools-{info['sha256'][:16]}.lock"):
+        from .cache import lock_file, locked
+        with locked(lock_file("tools", info["sha256"][:16])):
             if not (dest / ".complete").is_file():
                 _unpack_tools(bundle / "tools.tar.gz", info["sha256"], dest)
     return dest / package

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import proc
-from ...cache import cache_root, key_of, locked, sha256_bytes, touch_used
+from ...cache import cache_root, key_of, lock_file, locked, sha256_bytes, touch_used
 from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
 from ...quantized import rounds_quotients
@@ -120,7 +120,7 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     # edgepack (no .py files to digest) builds the same bytes as a pip-installed one.
     entry = key_of({"key": key, "graph_code": graph_code_digest()})
     root = cache_root() / "ncnn-models" / entry
-    with locked(cache_root() / "locks" / f"ncnn-model-{entry}.lock"):
+    with locked(lock_file("ncnn-model", entry)):
         meta_path = root / "convert.json"
         if meta_path.is_file():
             touch_used(root)

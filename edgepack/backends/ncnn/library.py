@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ... import proc
 from ...progress import StepProgress
-from ...cache import cache_root, key_of, locked, touch_used
+from ...cache import cache_root, key_of, lock_file, locked, touch_used
 from ...elf import check_archive_arch
 from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
@@ -186,7 +186,7 @@ def build_library(target: Target, toolchain: Toolchain, *, jobs: int | None = No
     lib = root / "install" / "lib" / "libncnn.a"
     result = NcnnLibrary(root, lib, root / "install" / "include", root / "build", root / "src", key,
                          tuple(sorted(opts.items())))
-    with locked(cache_root() / "locks" / f"ncnn-{key}.lock"):
+    with locked(lock_file("ncnn", key)):
         if (root / "done.json").is_file() and lib.is_file():
             touch_used(root)  # `edgepack cache prune` judges use by this stamp
             # Link-time pruning recompiles layer.cpp through these wrappers: keep them pointing at

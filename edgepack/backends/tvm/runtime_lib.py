@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import proc
-from ...cache import cache_root, key_of, locked, touch_used
+from ...cache import cache_root, key_of, lock_file, locked, touch_used
 from ...elf import check_archive_arch
 from ...errors import BuildError, ToolMissingError
 from ...progress import StepProgress
@@ -132,7 +132,7 @@ def build_runtime(target: Target, toolchain: Toolchain, *, log=None) -> TvmRunti
     archives = (root / "lib" / "libtvm_runtime.a", root / "lib" / "libtvm_ffi.a")
     includes = (root / "include", root / "ffi" / "include", root / "ffi" / "3rdparty" / "dlpack" / "include")
     result = TvmRuntime(root, archives, includes, key)
-    with locked(cache_root() / "locks" / f"tvm-runtime-{key}.lock"):
+    with locked(lock_file("tvm-runtime", key)):
         if (root / "done.json").is_file() and all(a.is_file() for a in archives):
             touch_used(root)
             return result

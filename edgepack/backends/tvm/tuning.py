@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...cache import cache_root, key_of, locked, sha256_bytes
+from ...cache import cache_root, key_of, lock_file, locked, sha256_bytes
 from ...errors import BuildError, UsageError
 from ...progress import StepProgress
 from ...model import LoadedModel
@@ -294,7 +294,7 @@ def _tune(model, target, trials, budget_s, *, out_dir, workers, measure, plan_on
         log("timing the model untuned (one compile)")
     ms_before = _measure_ms(model, mod, tvm_target, None) if measure else None
     _light_tensor_intrinsics()
-    with locked(cache_root() / "locks" / f"tvm-tune-{key_of(str(dest.resolve()))}.lock"):
+    with locked(lock_file("tuning", key_of(str(dest.resolve())))):
         work = dest.with_name(dest.name + ".work")
         if work.exists():
             shutil.rmtree(work)
