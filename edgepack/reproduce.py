@@ -82,7 +82,7 @@ def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=pri
             opts = BuildOptions(backend=b["backend"], precision=b["precision"], input_shapes=shapes,
                                 out_dir=Path(tmp) / "dist", verify=False, simplify=b.get("simplify", True),
                                 preprocess=b.get("preprocess"), postprocess=b.get("postprocess"), tuning_db=tuning,
-                                memory=b.get("memory", "fast"))
+                                memory=b.get("memory", "fast"), verify_on=tuple(b.get("verify_on") or ()))
             results = build(model, [target], opts, log=log)
         finally:
             if clean_cache:

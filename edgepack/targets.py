@@ -5,7 +5,7 @@ import difflib
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import TargetError
@@ -225,3 +225,24 @@ class TargetMatrix:
         if not out:
             raise TargetError("no target given", hint="pass --target NAME (see `edgepack targets`) or --all")
         return out
+
+
+def verify_only_on(targets: list[Target], cpus: tuple[str, ...]) -> list[Target]:
+    """The targets with ``verify_cpus`` narrowed to ``cpus`` (``--verify-on``): each named CPU must be one a
+    target names, and every target keeps at least one, so the option can narrow verification but never
+    invent a CPU the target does not promise. Empty ``cpus``: the targets as they are."""
+    if not cpus:
+        return list(targets)
+    unknown = [c for c in cpus if not any(c in t.verify_cpus for t in targets)]
+    if unknown:
+        offered = sorted({c for t in targets for c in t.verify_cpus})
+        raise TargetError(f"--verify-on {','.join(unknown)}: no target built here verifies on it",
+                          hint=f"name CPUs from the targets' verify_cpus: {', '.join(offered)}")
+    out = []
+    for t in targets:
+        kept = tuple(c for c in t.verify_cpus if c in cpus)
+        if not kept:
+            raise TargetError(f"--verify-on {','.join(cpus)} leaves target {t.name} no CPU to verify on",
+                              hint=f"add one of its verify_cpus: {', '.join(t.verify_cpus)}")
+        out.append(replace(t, verify_cpus=kept))
+    return out

@@ -139,8 +139,8 @@ def test_arm64_artifact_verified_without_and_with_fp16_arithmetic(tiny_artifacts
     m = json.loads(tiny_artifacts["arm64"].with_name("tiny_cnn-arm64.json").read_text())
     v = m["verification"]
     assert set(v["per_cpu"]) == {"cortex-a53", "max"} and all(c["ok"] for c in v["per_cpu"].values())
-    assert {(c["cpu"], c["input"]) for c in v["checks"]} == {
-        (cpu, inp) for cpu in ("cortex-a53", "max") for inp in ("random", "realistic")}
+    # under qemu the realistic input; the selftest on each CPU checks the seeded random (golden) one
+    assert {(c["cpu"], c["input"]) for c in v["checks"]} == {(cpu, "realistic") for cpu in ("cortex-a53", "max")}
     assert all(c["ok"] for c in v["checks"]) and set(v["selftests"]) == {"cortex-a53", "max"}
     assert v["rel_err"] <= v["policy"]["rtol"] and v["policy"] == {"atol": 1e-5, "rtol": 5e-3, "min_cosine": 0.999}
     kept = m["precision_choice"]["kept"]

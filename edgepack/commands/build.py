@@ -30,6 +30,10 @@ BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
 @click.option("--targets-dir", multiple=True, type=click.Path(path_type=Path),
               help="Extra folder of target .toml files.")
 @click.option("--no-verify", is_flag=True, help="Skip running the artifact against onnxruntime.")
+@click.option("--verify-on", "verify_on", default=None, metavar="CPU[,CPU]",
+              help="Verify only under these of the targets' verify_cpus (e.g. native: a quick local build, "
+                   "where qemu would take minutes per inference of a large model); the manifest records it. "
+                   "Default: every CPU each target names.")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
 @click.option("--preprocess", default=None, metavar="SPEC",
               help="Bake input pre-processing into the graph, e.g. image:size=224x224,layout=nhwc,dtype=uint8,...")
@@ -47,7 +51,7 @@ BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
 @selection_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes, targets_dir, no_verify,
-          no_simplify, preprocess, postprocess, jobs, tuning_db, select, bench_on, inventory, memory,
+          verify_on, no_simplify, preprocess, postprocess, jobs, tuning_db, select, bench_on, inventory, memory,
           as_json):
     """Build MODEL (.onnx) into one verified executable per target.
 
@@ -72,7 +76,8 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
                         verify=not no_verify, simplify=not no_simplify, preprocess=preprocess,
                         postprocess=postprocess, jobs=jobs,
                         tuning_db=tuning_db if tuning_db in (None, "off") else str(Path(tuning_db).resolve()),
-                        select=select, bench_on=bench_device(bench_on, inventory), memory=memory)
+                        select=select, bench_on=bench_device(bench_on, inventory), memory=memory,
+                        verify_on=tuple(c.strip() for c in (verify_on or "").split(",") if c.strip()))
 
     debug = debug_enabled()
 

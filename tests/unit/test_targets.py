@@ -3,7 +3,7 @@ import json
 import pytest
 
 from edgepack.errors import TargetError
-from edgepack.targets import TargetMatrix, parse_target
+from edgepack.targets import TargetMatrix, parse_target, verify_only_on
 from edgepack.triple import parse_triple
 from pathlib import Path
 
@@ -148,3 +148,23 @@ def test_every_builtin_target_names_a_toolchain_file_the_build_loads():
     for name in m.names():
         t = m.get(name)
         assert Toolchain.load(t.toolchain).name == t.toolchain
+
+
+def test_verify_on_narrows_each_target_to_the_named_cpus_it_promises():
+    m = TargetMatrix.load()
+    x86, arm = m.get("x86_64"), m.get("arm64")
+    got = verify_only_on([x86, arm], ("native", "cortex-a53"))
+    assert [t.verify_cpus for t in got] == [("native",), ("cortex-a53",)]
+    assert got[0].summary()["verify_cpus"] == ["native"]   # the manifest records where it was verified
+    assert verify_only_on([x86], ()) == [x86]
+
+
+@pytest.mark.parametrize("cpus, needle", [
+    (("Skylake-Server",), "--verify-on Skylake-Server: no target built here verifies on it"),
+    (("native",), "leaves target arm64 no CPU to verify on"),
+])
+def test_verify_on_refuses_a_cpu_no_target_names_or_a_target_left_without_one(cpus, needle):
+    m = TargetMatrix.load()
+    with pytest.raises(TargetError) as exc:
+        verify_only_on([m.get("x86_64"), m.get("arm64")], cpus)
+    assert needle in exc.value.message and exc.value.hint
