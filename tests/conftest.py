@@ -1,8 +1,11 @@
 """Shared fixtures: real artifacts built once per test session (cached libncnn makes them fast)."""
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,34 @@ from clirun import edgepack_cmd, run_edgepack  # noqa: F401  (tests import them 
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist (README command 2 runs two workers on the two cores), a test marked
+    ``exclusive_cpu`` (it compares timings) runs while the other worker waits; every other test runs
+    beside whatever the other worker runs. The lock spans the whole protocol, so the builds of wider-
+    scoped fixtures set up for a test count as part of it. A turnstile lock in front of the shared one
+    lets a waiting exclusive test in as soon as the other worker's current test ends."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"edgepack-tests-{run}"
+    exclusive = item.get_closest_marker("exclusive_cpu") is not None
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.cpu", "a") as cpu:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(cpu, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(cpu, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -99,6 +101,7 @@ def check_kept_fastest(res: dict, manifest: dict, want: str, slower: str, factor
     return by
 
 
+@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_auto_keeps_ncnn_over_slower_untuned_tvm(tmp_path):
     model = conv_stack(tmp_path / "convs.onnx")
     res, manifest = build(model, tmp_path / "dist", "--target", "x86_64", "--select", "all")
@@ -110,6 +113,7 @@ def test_auto_keeps_ncnn_over_slower_untuned_tvm(tmp_path):
     assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == ["convs-x86_64", "convs-x86_64.json"]
 
 
+@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_auto_keeps_the_split_over_whole_tvm(tmp_path):
     model = conv_stack_topk(tmp_path / "topk.onnx")
     res, manifest = build(model, tmp_path / "dist", "--target", "x86_64", "--select", "all")
@@ -151,6 +155,7 @@ def _leftovers(lab, dev) -> str:
         return conn.run('ls -d "${TMPDIR:-/tmp}"/edgepack-bench.* 2>/dev/null || true', 30).stdout.strip()
 
 
+@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_bench_on_an_x86_64_lab_device(module_lab, tmp_path):  # noqa: F811
     """Both candidates timed on the device over SSH (not here), NCNN kept, the device left clean."""
     module_lab.add("pc", "x86_64")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -49,6 +51,7 @@ def slow_schedule(mod):
     return sch
 
 
+@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_a_slower_record_never_replaces_the_default_schedule(tmp_path, monkeypatch):
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.relax_integration import extract_tasks

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 CHILD = textwrap.dedent('''
     import os, json, numpy as np, tvm
     from tvm.script import tirx as T
@@ -41,6 +43,7 @@ CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_candidates_are_timed_at_each_thread_count(tmp_path):
     assert (os.cpu_count() or 1) >= 2, "the build machine has two cores; one cannot tell 1 thread from 2"
     env = {**os.environ, "TVM_NUM_THREADS": "2"}

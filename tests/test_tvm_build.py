@@ -247,6 +247,7 @@ def test_arm_tuning_is_labelled_proxy(tiny_cnn, tmp_path):
     assert json.loads((tmp_path / "db" / "meta.json").read_text())["proxy"] is True
 
 
+@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_tune_plan_says_where_the_time_goes_and_changes_nothing(tiny_cnn, tmp_path):
     """`tune --plan`: every kernel timed as a build would run it, hottest first, shares adding up to the
     whole, the first wave marked; no database written. The table's sum is checked against the model's own

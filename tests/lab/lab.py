@@ -236,10 +236,20 @@ class Device:
                 f'tags = [{tags}]\n')
 
 
+def _address_range() -> tuple[int, int]:
+    """The last octets this test process may give devices: 11..249, split between pytest-xdist workers
+    so that two workers never put devices on one 127.0.0.x address."""
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    size = (249 - 11 + 1) // count
+    return 11 + index * size, 11 + (index + 1) * size - 1
+
+
 class Lab:
     """A set of devices sharing one client key and one known_hosts file, all torn down by close()."""
 
-    _next_addr = 11
+    _first_addr, _last_addr = _address_range()
+    _next_addr = _first_addr
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -263,8 +273,8 @@ class Lab:
             trust: bool = True, start: bool = True) -> Device:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}")
-        if Lab._next_addr > 250:
-            Lab._next_addr = 11
+        if Lab._next_addr > Lab._last_addr:
+            Lab._next_addr = Lab._first_addr
         addr = f"127.0.0.{Lab._next_addr}"
         Lab._next_addr += 1
         d = Device(self, name, kind, addr, self.root / name, tmpfs_size=tmpfs_size, tags=tuple(tags))
