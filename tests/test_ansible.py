@@ -9,8 +9,6 @@ import shutil
 import subprocess
 import time
 
-import pytest
-
 from lab.fixtures import by_device, edgepack, edgepack_json, lab  # noqa: F401 (lab is a fixture)
 from lab.standin import make_standin
 
@@ -124,7 +122,6 @@ def test_rollout_both_architectures_raw_device_and_idempotent_rerun(lab, tiny_ar
     assert before == {d.name: os.lstat(d.home / "edgepack" / "current").st_mtime_ns for d in (pc1, pc2)}
 
 
-@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_failed_selftest_rolled_back_and_threshold_stops_rollout(lab, tmp_path):
     devs = [lab.add(f"d{i}", "x86_64") for i in range(4)]
     inv = lab.write_inventory()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
-
 from lab.fixtures import by_device, edgepack, edgepack_json, lab  # noqa: F401 (lab is a fixture)
 from lab.lab import silent_server
 from lab.standin import make_standin
@@ -168,7 +166,6 @@ def test_changed_host_key_refused_even_with_accept_new(lab, tmp_path):
     assert _current(dev) == f"releases/{inspect_artifact(v1).short}"
 
 
-@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_unreachable_devices_time_out_and_others_still_deploy(lab, tmp_path):
     lab.add("ok", "x86_64")
     inv = lab.write_inventory()

@@ -110,7 +110,6 @@ def test_connection_cut_during_selftest_keeps_previous_current(inv, dev, arts):
     assert not (root / LOCK).exists()
 
 
-@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_selftest_timeout_keeps_previous_current(inv, dev, arts):
     root, dest = dev.home / "slow", "~/slow"
     deploy(inv, arts[1], dest)

@@ -71,7 +71,6 @@ def test_graph_without_outputs(tmp_path):
     _one_error(_build(m, tmp_path), 4, "no outputs")
 
 
-@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_declared_huge_input_is_refused_before_allocating(tmp_path):
     m = _save(tmp_path / "huge.onnx", [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 3, 50000, 50000])],
               [_vi("y", [1, 3, 50000, 50000])])

@@ -181,6 +181,7 @@ def test_parallel_regions_hand_off_exactly(name, tmp_path):
     assert proc.stdout.strip() == f"ok: {int(regions) * 6} regions checked", proc.stdout
 
 
+@pytest.mark.exclusive_cpu  # needs an idle machine (tests/conftest.py)
 def test_imbalanced_regions_do_not_switch_spinning_off_on_an_idle_machine(tmp_path):
     """Version 2 of the patch halved the spin on every timeout, so a run of imbalanced regions (YOLOX's
     Focus on 2 threads) left it at none on an idle machine and every later region slept (ddddocr_det:

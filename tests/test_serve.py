@@ -135,7 +135,6 @@ def test_bad_bodies_and_content_types_get_4xx(server, body, ctype, code):
     assert server.alive()
 
 
-@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_huge_body_is_refused_without_reading_it(server):
     big = b"\x00" * 50_000_000  # 50 MB against --max-body 1 MB
     t0 = time.monotonic()

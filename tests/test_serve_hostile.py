@@ -186,7 +186,6 @@ def health_ms(port: int) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_health_answers_within_100ms_while_50_slow_clients_are_connected(server):
     heads = Trickle(server.port, 40, 4.0, b"GET /health HTTP/1.1\r\nX-Slow: ")
     bodies = Trickle(server.port, 10, 4.0, b"POST /predict HTTP/1.1\r\nContent-Type: image/png\r\n"
@@ -221,7 +220,6 @@ def _read_answer(sock: socket.socket, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
-@pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
 def test_head_and_body_deadlines_are_per_request_not_per_recv():
     s = Server(baked_x86(), "--head-timeout", "2", "--body-timeout", "2")
     try:
