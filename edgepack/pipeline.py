@@ -276,7 +276,9 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
                   "simplify": opts.simplify, "preprocess": opts.preprocess, "postprocess": opts.postprocess,
                   "tuning_db": opts.tuning_db,
                   "memory": opts.memory,
-                  "verify_on": list(opts.verify_on) or None,
+                  # this target's share of --verify-on (its narrowed verify_cpus): what verify-build, which
+                  # rebuilds one target, must pass again; the whole list could name another target's CPU
+                  "verify_on": list(target.verify_cpus) if opts.verify_on else None,
                   "target_file_sha256": sha256_file(Path(target.source)) if target.source else None,
                   "options": {k: v for k, v in sorted(engine.options.items())}},
     }

@@ -42,6 +42,21 @@ def test_verify_build_rebuilds_identically(tiny_artifacts, tiny_cnn):
     assert report["identical"] and report["sha256"] == hashlib.sha256(art.read_bytes()).hexdigest()
 
 
+def test_verify_build_rebuilds_each_target_of_a_verify_on_build(tiny_cnn, tmp_path):
+    """--verify-on names CPUs of several targets; each manifest keeps its own, so one target rebuilds alone."""
+    proc = subprocess.run([sys.executable, "-m", "edgepack", "build", str(tiny_cnn), "--target", "x86_64,arm64",
+                           "--verify-on", "native,cortex-a53", "--out", str(tmp_path), "--json"],
+                          capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for target, cpu in (("x86_64", "native"), ("arm64", "cortex-a53")):
+        art = tmp_path / f"{tiny_cnn.stem}-{target}"
+        assert json.loads(art.with_name(art.name + ".json").read_text())["build"]["verify_on"] == [cpu]
+        proc = subprocess.run([sys.executable, "-m", "edgepack", "verify-build", str(art), str(tiny_cnn), "--json"],
+                              capture_output=True, text=True, timeout=3600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout)["identical"], proc.stdout
+
+
 def test_verify_build_refuses_another_model(tiny_artifacts, tmp_path):
     other = tmp_path / "other.onnx"
     other.write_bytes((REPO / "examples" / "tiny_cnn.onnx").read_bytes() + b"")
