@@ -1,0 +1,68 @@
+"""ONNX rewrites that hand pnnx an argument in the form its ncnn writer reads (for rewrite.py).
+
+Two forms that real exporters emit convert wrongly or not at all, found on magika's file-type
+model (jax2tf, opset 15):
+- A reduction over one axis given as an input tensor (ReduceSum from opset 13; ReduceMean,
+  ReduceL1, ReduceL2 and ReduceLogSumExp from opset 18) becomes `torch.sum(dim=1)` with an integer
+  dim, and pnnx's ncnn writer reads dim as a list: it writes an empty axis list, so ncnn's
+  Reduction reduces nothing and the model disagrees with onnxruntime (magika: 14.2 off on its
+  logits). The same reduction over the unit batch axis and that axis, keeping dims, gives pnnx a
+  list; a Squeeze drops the axis again where the original did not keep it. Exact: the reduced
+  elements are the same ones.
+- A Gemm whose constant bias has shape [1, N] stays `F.linear` (no ncnn layer); with the bias as
+  [N] (the same values, broadcast the same way) pnnx makes it an InnerProduct.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+# the reductions pnnx writes with an empty axis list when their one axis comes as an integer
+# (ReduceProd's writer takes an integer; ReduceMax/ReduceMin with an axes input are not converted)
+_INT_DIM_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceLogSumExp"})
+
+
+def reduce_axis_with_unit_batch(model: onnx.ModelProto) -> int:
+    """Reduce(x, axes=[a]) on [1, ...] -> Reduce(x, axes=[0, a], keepdims=1) (+ Squeeze(a) where
+    keepdims was 0), for the reductions that take their axes as an input."""
+    from .rewrite import _apply, _attr, _Graph  # rewrite.py imports this module: late, no cycle
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(gr.g.node):
+        if node.op_type not in _INT_DIM_REDUCTIONS or len(node.input) < 2 or not node.input[1]:
+            continue
+        axes, shape = gr.const_ints(node.input[1]), gr.shapes.get(node.input[0])
+        if axes is None or len(axes) != 1 or not shape or shape[0] != 1:
+            continue
+        a = axes[0] + len(shape) if axes[0] < 0 else axes[0]
+        if not 0 < a < len(shape):
+            continue
+        keep = _attr(node, "keepdims", 1)
+        out = node.output[0] if keep else gr.fresh(node.output[0] + "_kept")
+        reduce = helper.make_node(node.op_type, [node.input[0], gr.add_const("axes", np.array([0, a], np.int64))],
+                                  [out], name=gr.fresh(node.name or "reduce"), keepdims=1)
+        # (noop_with_empty_axes, where set, stays: it only speaks of an empty axis list)
+        reduce.attribute.extend(x for x in node.attribute if x.name != "keepdims")
+        plan[pos] = [reduce]
+        if not keep:
+            plan[pos].append(helper.make_node("Squeeze", [out, gr.add_const("axes", np.array([a], np.int64))],
+                                              list(node.output), name=gr.fresh(node.name or "squeeze")))
+    return _apply(gr.g, plan)
+
+
+def gemm_bias_as_vector(model: onnx.ModelProto) -> int:
+    """Gemm(A, B, C) with a constant C of shape [1, N] -> the same Gemm with C as [N]."""
+    from .rewrite import _apply, _Graph
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(gr.g.node):
+        if node.op_type != "Gemm" or len(node.input) < 3 or not node.input[2]:
+            continue
+        c = gr.consts.get(node.input[2])
+        if c is None or c.ndim != 2 or c.shape[0] != 1:
+            continue
+        bias = gr.add_const(node.input[2] + "_vector", np.ascontiguousarray(c.reshape(-1)))
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.input[2] = bias
+        plan[pos] = [new]
+    return _apply(gr.g, plan)

@@ -1,0 +1,146 @@
+"""Rewrites that give pnnx the argument forms it converts right (edgepack/backends/ncnn/pnnx_forms.py).
+
+Each rewrite must leave onnxruntime's outputs bit-identical; the real pnnx must still get the
+original form wrong (else the rewrite may be unneeded); and edgepack's NCNN conversion of a graph
+with both forms (magika's layer norm and classifier head) must agree with onnxruntime.
+"""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgepack.backends.ncnn import pnnx_forms
+from edgepack.backends.ncnn.rewrite import remove_dead_nodes, rewrite_for_ncnn
+
+
+def _model(nodes, x_shape, y_shape, inits, opset=15) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def _reduce_model(op="ReduceSum", axis=1, keepdims=0, opset=15) -> onnx.ModelProto:
+    """x [1, 64, 32] -> op over one axis (axes as an input) -> Relu."""
+    shape = [1, 64, 32]
+    out = [d for i, d in enumerate(shape) if i != axis % 3] if not keepdims else \
+        [1 if i == axis % 3 else d for i, d in enumerate(shape)]
+    return _model([helper.make_node(op, ["x", "axes"], ["r"], keepdims=keepdims, noop_with_empty_axes=1),
+                   helper.make_node("Relu", ["r"], ["y"])], shape, out,
+                  {"axes": np.array([axis], np.int64)}, opset)
+
+
+def _layer_norm_head() -> onnx.ModelProto:
+    """magika's tail in small: mean and variance by ReduceSum over the sequence axis of [1, T, C],
+    then a Gemm with a [1, N] bias (opset 15, as jax2tf writes it)."""
+    rng = np.random.default_rng(3)
+    t, c, n = 48, 32, 10
+    return _model([
+        helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),           # [1, C]
+        helper.make_node("Mul", ["s", "inv_t"], ["mean"]),
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq", "axes"], ["s2"], keepdims=0),
+        helper.make_node("Mul", ["s2", "inv_t"], ["ex2"]),
+        helper.make_node("Mul", ["mean", "mean"], ["m2"]),
+        helper.make_node("Sub", ["ex2", "m2"], ["var"]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["sd"]),
+        helper.make_node("Div", ["mean", "sd"], ["z"]),
+        helper.make_node("Gemm", ["z", "w", "b"], ["y"]),
+    ], [1, t, c], [1, n], {"axes": np.array([1], np.int64), "inv_t": np.array(1.0 / t, np.float32),
+                           "eps": np.array(1e-6, np.float32),
+                           "w": rng.standard_normal((c, n)).astype(np.float32),
+                           "b": rng.standard_normal((1, n)).astype(np.float32)})
+
+
+def _run(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def _rewritten(fn, m: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    new = onnx.ModelProto()
+    new.CopyFrom(m)
+    fired = fn(new)
+    remove_dead_nodes(new)
+    onnx.checker.check_model(new)
+    x = np.random.default_rng(5).standard_normal([d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim])
+    a, b = _run(m, x.astype(np.float32)), _run(new, x.astype(np.float32))
+    assert a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+    return new, fired
+
+
+@pytest.mark.parametrize("op,axis,keepdims,opset", [
+    ("ReduceSum", 1, 0, 15), ("ReduceSum", -1, 1, 13), ("ReduceMean", 2, 0, 18), ("ReduceL2", 1, 1, 18),
+    ("ReduceLogSumExp", -2, 0, 18)])
+def test_one_axis_reduction_becomes_batch_and_axis_exactly(op, axis, keepdims, opset):
+    new, fired = _rewritten(pnnx_forms.reduce_axis_with_unit_batch, _reduce_model(op, axis, keepdims, opset))
+    assert fired == 1
+    red = next(n for n in new.graph.node if n.op_type == op)
+    axes = numpy_helper.to_array(next(i for i in new.graph.initializer if i.name == red.input[1]))
+    assert axes.tolist() == [0, axis % 3]
+    assert [n.op_type for n in new.graph.node] == [op] + ([] if keepdims else ["Squeeze"]) + ["Relu"]
+
+
+def test_reductions_pnnx_reads_right_are_left_alone():
+    # an axes attribute (ReduceMean before opset 18), two axes, the batch axis, ReduceProd
+    attr = _model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=0)], [1, 64, 32], [1, 32], {})
+    two = _reduce_model("ReduceSum", 1, 0, 15)
+    two.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([1, 2], np.int64), "axes"))
+    two.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1]))
+    batch = _reduce_model("ReduceSum", 0, 1, 15)
+    for m in (attr, two, batch, _reduce_model("ReduceProd", 1, 0, 18)):
+        assert pnnx_forms.reduce_axis_with_unit_batch(m) == 0
+
+
+def test_gemm_bias_row_becomes_a_vector_exactly():
+    new, fired = _rewritten(pnnx_forms.gemm_bias_as_vector, _layer_norm_head())
+    assert fired == 1
+    gemm = next(n for n in new.graph.node if n.op_type == "Gemm")
+    assert [d for i in new.graph.initializer if i.name == gemm.input[2] for d in i.dims] == [10]
+
+
+def _pnnx_ncnn_param(m: onnx.ModelProto, folder) -> str:
+    from edgepack.backends.ncnn.convert import pnnx_executable
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(m, folder / "model.onnx")
+    subprocess.run([str(pnnx_executable()), "model.onnx", "inputshape=[1,48,32]"], cwd=folder,
+                   capture_output=True, timeout=300, check=True)
+    return (folder / "model.ncnn.param").read_text()
+
+
+def test_pnnx_gets_both_forms_wrong_and_their_rewrites_right(tmp_path):
+    before = _pnnx_ncnn_param(_layer_norm_head(), tmp_path / "before")
+    reductions = [ln for ln in before.splitlines() if ln.startswith("Reduction")]
+    assert reductions and all(" -23303=0 " in ln for ln in reductions), \
+        "pnnx now writes a one-axis ReduceSum's axis: reduce_axis_with_unit_batch may be unneeded"
+    assert any(ln.startswith("F.linear") for ln in before.splitlines()), \
+        "pnnx now converts a Gemm with a [1, N] bias: gemm_bias_as_vector may be unneeded"
+    new, applied = rewrite_for_ncnn(_layer_norm_head())
+    assert applied == {"reduce_axis_with_unit_batch": 2, "gemm_bias_as_vector": 1}
+    after = _pnnx_ncnn_param(new, tmp_path / "after")
+    assert not any(" -23303=0 " in ln for ln in after.splitlines())
+    assert "InnerProduct" in after and "F.linear" not in after
+
+
+def test_convert_keeps_the_layer_norm_head_on_ncnn(tmp_path):
+    """edgepack's conversion retries with the rewrites and its check against onnxruntime (on the
+    original graph) passes: before them, the head was 10+ off (magika: 14.2) or left F.linear."""
+    from edgepack.backends.ncnn.convert import convert
+    from edgepack.model import load_model
+    onnx.save(_layer_norm_head(), tmp_path / "head.onnx")
+    converted = convert(load_model(tmp_path / "head.onnx"), "fp32", log=lambda m: None)
+    assert "reduce_axis_with_unit_batch x2" in converted.rewrites
+    assert "gemm_bias_as_vector x1" in converted.rewrites
+    assert "InnerProduct" in converted.layer_types and "Reduction" in converted.layer_types
+    assert converted.check_error < 1e-4
