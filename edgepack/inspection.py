@@ -10,6 +10,7 @@ from .errors import ArtifactError
 
 from .backends import all_backends
 from .model import fix_input_shapes, load_model, parse_shape_args, simplify
+from .control_flow import lower_if
 from .quantized import lower_quantized
 from .targets import TargetMatrix
 
@@ -37,7 +38,7 @@ def inspect_artifact_manifest(path: Path) -> dict:
 def inspect_model(path: Path, shape_args: list[str]) -> dict:
     model = load_model(Path(path))
     # as a build prepares it: onnxruntime's dynamic-int8 ops lowered to float ops first
-    model = simplify(lower_quantized(fix_input_shapes(model, parse_shape_args(shape_args))))
+    model = simplify(lower_if(simplify(lower_quantized(fix_input_shapes(model, parse_shape_args(shape_args))))))
     backends = all_backends()
     unsupported = {name: b.unsupported_ops(model) for name, b in backends.items()}
     ops = [{"op": op, "count": len(nodes),

@@ -26,6 +26,7 @@ from . import __version__
 from .backends import CompileRequest, EngineBuild, all_backends, get_backend
 from .bundle import BundleRequest, Bundled, bundle
 from .cache import sha256_bytes, sha256_file
+from .control_flow import lower_if
 from .errors import ArtifactError, EdgepackError, InputError, ToolMissingError, UnsupportedOpError, VerificationError
 from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_shapes, simplify
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
@@ -199,7 +200,10 @@ def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
     check_input_sizes(model.inputs, model.path.name)
     model = lower_quantized(model)   # onnxruntime's dynamic-int8 ops -> float ops no backend refuses
     if opts.simplify:
-        model = simplify(model)
+        model = simplify(model)      # folds the Ifs whose condition is a constant
+    branched = lower_if(model)       # the others as Where, where both branches are safe to compute
+    if branched is not model:
+        model = simplify(branched) if opts.simplify else branched
     if opts.preprocess or opts.postprocess or prepost_config_exists(path):
         # Graph surgery before compilation, so every backend gets the same pre/post-processing.
         model = bake_prepost(model, path, opts.preprocess, opts.postprocess)
