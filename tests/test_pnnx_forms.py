@@ -144,3 +144,35 @@ def test_convert_keeps_the_layer_norm_head_on_ncnn(tmp_path):
     assert "gemm_bias_as_vector x1" in converted.rewrites
     assert "InnerProduct" in converted.layer_types and "Reduction" in converted.layer_types
     assert converted.check_error < 1e-4
+
+
+def _upsample_with_roi(opset=12) -> onnx.ModelProto:
+    """PP-OCRv3's detector neck: nearest x2 upsampling with an eight-ones roi the mode never reads."""
+    rng = np.random.default_rng(8)
+    return _model([helper.make_node("Conv", ["x", "w"], ["c"]),
+                   helper.make_node("Resize", ["c", "roi", "scales"], ["y"], mode="nearest",
+                                    coordinate_transformation_mode="asymmetric", nearest_mode="floor")],
+                  [1, 4, 6, 6], [1, 8, 12, 12],
+                  {"w": rng.standard_normal((8, 4, 1, 1)).astype(np.float32),
+                   "roi": np.ones(8, np.float32), "scales": np.array([1, 1, 2, 2], np.float32)}, opset)
+
+
+def test_resize_roi_the_mode_never_reads_becomes_empty_exactly():
+    new, fired = _rewritten(pnnx_forms.resize_roi_unread, _upsample_with_roi())
+    assert fired == 1
+    resize = next(n for n in new.graph.node if n.op_type == "Resize")
+    assert [d for i in new.graph.initializer if i.name == resize.input[1] for d in i.dims] == [0]
+    crop = _upsample_with_roi()
+    for a in crop.graph.node[1].attribute:
+        if a.name == "coordinate_transformation_mode":
+            a.s = b"tf_crop_and_resize"
+    assert pnnx_forms.resize_roi_unread(crop) == 0  # there the roi is read
+
+
+def test_convert_keeps_an_upsampling_with_roi_on_ncnn(tmp_path):
+    from edgepack.backends.ncnn.convert import convert
+    from edgepack.model import load_model
+    onnx.save(_upsample_with_roi(), tmp_path / "up.onnx")
+    converted = convert(load_model(tmp_path / "up.onnx"), "fp32", log=lambda m: None)
+    assert "resize_roi_unread x1" in converted.rewrites
+    assert "Interp" in converted.layer_types and converted.check_error < 1e-5

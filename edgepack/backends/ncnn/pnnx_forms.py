@@ -11,6 +11,9 @@ model (jax2tf, opset 15):
   elements are the same ones.
 - A Gemm whose constant bias has shape [1, N] stays `F.linear` (no ncnn layer); with the bias as
   [N] (the same values, broadcast the same way) pnnx makes it an InnerProduct.
+- A Resize given a region of interest stays `Resize` (no ncnn layer) although only the
+  tf_crop_and_resize mode reads it (PP-OCRv3's detector passes eight ones to its nearest-neighbour
+  upsamplings): the same Resize without it becomes ncnn's Interp.
 """
 from __future__ import annotations
 
@@ -64,5 +67,24 @@ def gemm_bias_as_vector(model: onnx.ModelProto) -> int:
         new = onnx.NodeProto()
         new.CopyFrom(node)
         new.input[2] = bias
+        plan[pos] = [new]
+    return _apply(gr.g, plan)
+
+
+def resize_roi_unread(model: onnx.ModelProto) -> int:
+    """Resize(X, roi, scales/sizes) whose mode does not read roi -> Resize(X, [], scales/sizes) (an
+    empty roi, as opsets 11-12 require one; PP-OCRv4's exporter writes that form)."""
+    from .rewrite import _apply, _attr, _Graph
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(gr.g.node):
+        roi = gr.consts.get(node.input[1]) if node.op_type == "Resize" and len(node.input) >= 3 else None
+        if roi is None or roi.size == 0:
+            continue
+        mode = _attr(node, "coordinate_transformation_mode", b"half_pixel")
+        if (mode.decode() if isinstance(mode, bytes) else mode) == "tf_crop_and_resize":
+            continue
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.input[1] = gr.add_const("roi", np.zeros(0, roi.dtype))
         plan[pos] = [new]
     return _apply(gr.g, plan)
