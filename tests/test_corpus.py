@@ -58,3 +58,28 @@ def test_small_subset_builds_verifies_and_is_timed_against_onnxruntime(tmp_path)
         assert r["edgepack_ms"] > 0 and r["onnxruntime_ms"] > 0
     assert "models built and verified on every target" in proc.stdout
     assert "| model |" not in proc.stdout  # plain table unless --markdown
+
+
+# Real models that once left NCNN or failed, each for an exporter form (docs/backends.md): magika's
+# one-axis ReduceSum and [1, N] Gemm bias (jax2tf), hey_jarvis's data-dependent If (openWakeWord),
+# PP-OCRv3's Resize with an unread roi. Verified natively only: the forms, not the CPUs, are the point.
+FORMS = {"magika": "ncnn", "oww_hey_jarvis": None, "ppocr_v3_det": "ncnn"}
+
+
+def test_exporter_forms_of_real_models_stay_built_and_on_ncnn(tmp_path):
+    out_json = tmp_path / "forms.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "corpus.py"), "--models", ",".join(FORMS), "--targets", "x86_64",
+         "--offline", "--no-bench", "--build-arg=--verify-on=native", "--json", str(out_json),
+         "--out", str(tmp_path / "dist")], capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = {r["model"]: r for r in json.loads(out_json.read_text())["rows"]}
+    assert sorted(rows) == sorted(FORMS)
+    for name, needs in FORMS.items():
+        r = rows[name]
+        assert r["ok"] and r["max_abs_err"] <= r["bound"], r
+        if needs:
+            assert needs in r["backend"].split("+"), r  # magika: its layer norms and head on NCNN
+    assert rows["ppocr_v3_det"]["backend"] == "ncnn"  # whole: its six upsamplings no longer cut out
+    manifest = json.loads((tmp_path / "dist" / "oww_hey_jarvis-x86_64.json").read_text())
+    assert any(n.startswith("If as Where") for n in manifest["model"]["notes"])
