@@ -38,7 +38,9 @@ def inspect_artifact_manifest(path: Path) -> dict:
 def inspect_model(path: Path, shape_args: list[str]) -> dict:
     model = load_model(Path(path))
     # as a build prepares it: onnxruntime's dynamic-int8 ops lowered to float ops first
-    model = simplify(lower_if(simplify(lower_quantized(fix_input_shapes(model, parse_shape_args(shape_args))))))
+    model = simplify(lower_quantized(fix_input_shapes(model, parse_shape_args(shape_args))))
+    branched = lower_if(model)  # as the build does: Ifs decided by data become Where
+    model = simplify(branched) if branched is not model else model
     backends = all_backends()
     unsupported = {name: b.unsupported_ops(model) for name, b in backends.items()}
     ops = [{"op": op, "count": len(nodes),
