@@ -9,9 +9,8 @@ from pathlib import Path
 from .errors import ArtifactError
 
 from .backends import all_backends
-from .model import fix_input_shapes, load_model, parse_shape_args, simplify
-from .control_flow import lower_if
-from .quantized import lower_quantized
+from .model import fix_input_shapes, load_model, parse_shape_args
+from .pipeline import lowered_for_backends
 from .targets import TargetMatrix
 
 
@@ -37,10 +36,7 @@ def inspect_artifact_manifest(path: Path) -> dict:
 
 def inspect_model(path: Path, shape_args: list[str]) -> dict:
     model = load_model(Path(path))
-    # as a build prepares it: onnxruntime's dynamic-int8 ops lowered to float ops first
-    model = simplify(lower_quantized(fix_input_shapes(model, parse_shape_args(shape_args))))
-    branched = lower_if(model)  # as the build does: Ifs decided by data become Where
-    model = simplify(branched) if branched is not model else model
+    model = lowered_for_backends(fix_input_shapes(model, parse_shape_args(shape_args)))  # as a build prepares it
     backends = all_backends()
     unsupported = {name: b.unsupported_ops(model) for name, b in backends.items()}
     ops = [{"op": op, "count": len(nodes),

@@ -194,16 +194,23 @@ class TargetResult:
 
 # ---- stages --------------------------------------------------------------------------------
 
+def lowered_for_backends(model: LoadedModel, simplify_graph: bool = True) -> LoadedModel:
+    """The graph every backend is given (and `edgepack inspect` shows): onnxruntime's dynamic-int8 ops
+    as float ops, simplified, then the Ifs decided by data as Where (control_flow.py)."""
+    model = lower_quantized(model)
+    if simplify_graph:
+        model = simplify(model)      # folds the Ifs whose condition is a constant
+    branched = lower_if(model)       # the others, where both branches are safe to compute
+    if branched is model:
+        return model
+    return simplify(branched) if simplify_graph else branched
+
+
 def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
     model = load_model(path)
     model = fix_input_shapes(model, opts.input_shapes)
     check_input_sizes(model.inputs, model.path.name)
-    model = lower_quantized(model)   # onnxruntime's dynamic-int8 ops -> float ops no backend refuses
-    if opts.simplify:
-        model = simplify(model)      # folds the Ifs whose condition is a constant
-    branched = lower_if(model)       # the others as Where, where both branches are safe to compute
-    if branched is not model:
-        model = simplify(branched) if opts.simplify else branched
+    model = lowered_for_backends(model, opts.simplify)
     if opts.preprocess or opts.postprocess or prepost_config_exists(path):
         # Graph surgery before compilation, so every backend gets the same pre/post-processing.
         model = bake_prepost(model, path, opts.preprocess, opts.postprocess)

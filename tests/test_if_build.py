@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_edgepack
+from clirun import run_edgepack
 
 N = 16
 

@@ -1,7 +1,7 @@
 """ONNX rewrites that hand pnnx an argument in the form its ncnn writer reads (for rewrite.py).
 
-Two forms that real exporters emit convert wrongly or not at all, found on magika's file-type
-model (jax2tf, opset 15):
+Three forms that real exporters emit convert wrongly or not at all, found on magika's file-type
+model (jax2tf, opset 15) and PP-OCRv3's detector:
 - A reduction over one axis given as an input tensor (ReduceSum from opset 13; ReduceMean,
   ReduceL1, ReduceL2 and ReduceLogSumExp from opset 18) becomes `torch.sum(dim=1)` with an integer
   dim, and pnnx's ncnn writer reads dim as a list: it writes an empty axis list, so ncnn's
@@ -63,11 +63,7 @@ def gemm_bias_as_vector(model: onnx.ModelProto) -> int:
         c = gr.consts.get(node.input[2])
         if c is None or c.ndim != 2 or c.shape[0] != 1:
             continue
-        bias = gr.add_const(node.input[2] + "_vector", np.ascontiguousarray(c.reshape(-1)))
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        new.input[2] = bias
-        plan[pos] = [new]
+        plan[pos] = [_with_input(node, 2, gr.add_const(node.input[2] + "_vector", np.ascontiguousarray(c.reshape(-1))))]
     return _apply(gr.g, plan)
 
 
@@ -83,8 +79,13 @@ def resize_roi_unread(model: onnx.ModelProto) -> int:
         mode = _attr(node, "coordinate_transformation_mode", b"half_pixel")
         if (mode.decode() if isinstance(mode, bytes) else mode) == "tf_crop_and_resize":
             continue
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        new.input[1] = gr.add_const("roi", np.zeros(0, roi.dtype))
-        plan[pos] = [new]
+        plan[pos] = [_with_input(node, 1, gr.add_const("roi", np.zeros(0, roi.dtype)))]
     return _apply(gr.g, plan)
+
+
+def _with_input(node, i: int, name: str):
+    """A copy of ``node`` reading ``name`` as its input ``i``."""
+    new = onnx.NodeProto()
+    new.CopyFrom(node)
+    new.input[i] = name
+    return new
