@@ -59,6 +59,7 @@ class BuildOptions:
     bench_on: object = None          # selection.BenchDevice: time the candidates on this device over SSH
     memory: str = "fast"             # ncnn: fast (its defaults) | lean (backends/ncnn/memory.py)
     verify_on: tuple = ()            # verify only on these of the targets' verify_cpus (empty: on all)
+    default_threads: str = "auto"    # auto (timed where possible) | all | N: the artifact's thread cap (thread_policy.py)
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ class TargetResult:
     per_cpu: dict = field(default_factory=dict)
     rejected: tuple[dict, ...] = ()     # precision rungs tried and rejected, with their errors
     selection: dict = field(default_factory=dict)  # auto's timed candidates and the one kept (selection.py)
+    default_threads: dict = field(default_factory=dict)  # the thread cap written in and why (thread_policy.py)
 
     def to_json(self) -> dict:
         return {"target": self.target, "ok": self.ok, "backend": self.backend,
@@ -189,6 +191,7 @@ class TargetResult:
                 "precision_rejected": list(self.rejected), "seconds": round(self.seconds, 2),
                 "error": self.error, "hint": self.hint, "exit_code": self.exit_code, "notes": list(self.notes),
                 "selection": self.selection or None,
+                "default_threads": self.default_threads or None,
                 "sha256": sha256_file(self.path) if self.ok and self.path and Path(self.path).is_file() else None}
 
 
@@ -295,6 +298,20 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
     }
 
 
+# Keys whose values are measured, not determined by the build's inputs (how long TVM took to compile):
+# they go in the sidecar .json only, so that the executable's bytes are the same on every rebuild.
+MEASURED_KEYS = frozenset({"compile_seconds"})
+
+
+def without_measurements(obj):
+    """``obj`` (the manifest, or a part of it) with every MEASURED_KEYS entry removed, at any depth."""
+    if isinstance(obj, dict):
+        return {k: without_measurements(v) for k, v in obj.items() if k not in MEASURED_KEYS}
+    if isinstance(obj, list):
+        return [without_measurements(v) for v in obj]
+    return obj
+
+
 def verify(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, workdir: Path,
            log: Callable[[str], None] = lambda m: None) -> Verification:
     """Run the artifact on every CPU the target may meet (qemu models, or this machine), on each
@@ -388,11 +405,19 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
     verified, not_built = [], []
     stage = tempfile.TemporaryDirectory(prefix=f"edgepack-select-{target.name}-") if timing else None
     try:
-        return _build_candidates(prep, target, opts, tc, log, candidates, reasons, rejected, t0, timing,
-                                 verified, not_built, stage)
+        res = _build_candidates(prep, target, opts, tc, log, candidates, reasons, rejected, t0, timing,
+                                verified, not_built, stage)
     finally:
         if stage:
             stage.cleanup()
+    if not res.ok:
+        return res
+    # the kept artifact's default thread count, timed where it can be (a verified artifact only)
+    from . import thread_policy
+    thread_timing = selection.where_to_time(target, "fastest", opts.bench_on) if opts.verify else None
+    res = thread_policy.apply(res, opts.default_threads, thread_timing, opts.bench_on, opts.verify,
+                              lambda m: log(f"[{target.name}] {m}"))
+    return dataclasses.replace(res, seconds=time.monotonic() - t0)
 
 
 def _build_candidates(prep, target, opts, tc, log, candidates, reasons, rejected, t0, timing, verified,
@@ -479,7 +504,7 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
         staged = workdir / "artifact"
         built: Bundled = bundle(BundleRequest(
             model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
-            prep.golden_outputs, manifest, workdir / "bundle", staged, tc))
+            prep.golden_outputs, without_measurements(manifest), workdir / "bundle", staged, tc))
         log(f"[{target.name}] bundled {built.size / 1e6:.2f} MB in {time.monotonic() - t_stage:.1f} s")
         t_stage = time.monotonic()
         verification = None

@@ -10,6 +10,7 @@ from pathlib import Path
 from .cache import sha256_file
 from .errors import ArtifactError, ModelError, TargetError
 from .runner import Artifact
+from .thread_policy import recorded_option
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=pri
             opts = BuildOptions(backend=b["backend"], precision=b["precision"], input_shapes=shapes,
                                 out_dir=Path(tmp) / "dist", verify=False, simplify=b.get("simplify", True),
                                 preprocess=b.get("preprocess"), postprocess=b.get("postprocess"), tuning_db=tuning,
-                                memory=b.get("memory", "fast"), verify_on=tuple(b.get("verify_on") or ()))
+                                memory=b.get("memory", "fast"), verify_on=tuple(b.get("verify_on") or ()),
+                                default_threads=recorded_option(manifest))
             results = build(model, [target], opts, log=log)
         finally:
             if clean_cache:

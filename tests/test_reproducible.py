@@ -65,3 +65,17 @@ def test_verify_build_refuses_another_model(tiny_artifacts, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "edgepack", "verify-build", str(tiny_artifacts["x86_64"]), str(other)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 4 and "not the model" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_verify_build_of_a_tvm_artifact_is_identical(tiny_cnn, tmp_path):
+    """TVM records how long it compiled: that stays in the sidecar, out of the executable's bytes."""
+    proc = subprocess.run([sys.executable, "-m", "edgepack", "build", str(tiny_cnn), "--target", "x86_64",
+                           "--backend", "tvm", "--verify-on", "native", "--out", str(tmp_path), "--json"],
+                          capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    art = tmp_path / f"{tiny_cnn.stem}-x86_64"
+    assert json.loads(art.with_name(art.name + ".json").read_text())["backend"]["compile_seconds"]
+    proc = subprocess.run([sys.executable, "-m", "edgepack", "verify-build", str(art), str(tiny_cnn), "--json"],
+                          capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["identical"], proc.stdout

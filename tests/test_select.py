@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_edgepack
+from clirun import run_edgepack
 from lab.fixtures import module_lab  # noqa: F401  (a fixture)
 
 RNG_SEED = 11
@@ -152,7 +152,8 @@ def _leftovers(lab, dev) -> str:
     from edgepack.deploy.inventory import load_inventory
     d = load_inventory(lab.write_inventory()).devices[dev]
     with open_connector(d, Options()) as conn:
-        return conn.run('ls -d "${TMPDIR:-/tmp}"/edgepack-bench.* 2>/dev/null || true', 30).stdout.strip()
+        return conn.run('ls -d "${TMPDIR:-/tmp}"/edgepack-bench.* "${TMPDIR:-/tmp}"/edgepack-threads.* 2>/dev/null || true',
+                        30).stdout.strip()
 
 
 @pytest.mark.exclusive_cpu  # compares timings (tests/conftest.py)
@@ -174,6 +175,10 @@ def test_bench_on_an_arm64_lab_device(module_lab, tmp_path):  # noqa: F811
     sel = manifest["selection"]
     assert res["backend"] == "ncnn" and sel["measured_on"] == "pi" and res["selection"] == sel
     assert sel["candidates"][0]["median_ms"] > 0 and len(sel["candidates"][0]["rounds_ms"]) == 3
+    # the default thread count is timed on the device too, over all its cores
+    threads = manifest["default_threads"]
+    assert threads["measured_on"] == "pi" and res["default_threads"] == threads, threads
+    assert threads["counts"][0] == 1 and all(len(r) == 3 for r in threads["rounds_ms"].values()), threads
     assert _leftovers(module_lab, "pi") == ""
     # without --bench-on nothing is timed for arm64 on this x86_64 machine
     res, manifest = build(conv_stack(tmp_path / "small.onnx", layers=1), tmp_path / "arm2", "--target", "arm64")

@@ -48,11 +48,15 @@ BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
                    "Winograd kernels exceed 1 MiB without them and, on x86, every layer the direct kernel can "
                    "take in it with fp16 weights where exact (nudenet_320n: peak RSS 43 -> 16 MiB, 12% slower "
                    "on 1 thread; docs/backends.md).")
+@click.option("--default-threads", "default_threads", default="auto", show_default=True, metavar="auto|all|N",
+              help="The artifact's thread count when run without --threads: auto times it at 1, 2, 4... threads "
+                   "where it can be timed (this machine's arch, or --bench-on) and caps it at the fewest within 5% "
+                   "of the fastest (tiny models run slower on more threads); all: every free core; N: at most N.")
 @selection_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
 def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes, targets_dir, no_verify,
-          verify_on, no_simplify, preprocess, postprocess, jobs, tuning_db, select, bench_on, inventory, memory,
-          as_json):
+          verify_on, no_simplify, preprocess, postprocess, jobs, tuning_db, default_threads, select, bench_on,
+          inventory, memory, as_json):
     """Build MODEL (.onnx) into one verified executable per target.
 
     \b
@@ -65,6 +69,7 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
     from ..model import parse_shape_args
     from ..pipeline import BuildOptions, build as run_build
     from ..targets import TargetMatrix
+    from ..thread_policy import parse_option
 
     if backend != "auto":
         from ..backends import get_backend
@@ -77,7 +82,8 @@ def build(model, target_specs, all_targets, out_dir, backend, fp16, input_shapes
                         postprocess=postprocess, jobs=jobs,
                         tuning_db=tuning_db if tuning_db in (None, "off") else str(Path(tuning_db).resolve()),
                         select=select, bench_on=bench_device(bench_on, inventory), memory=memory,
-                        verify_on=tuple(c.strip() for c in (verify_on or "").split(",") if c.strip()))
+                        verify_on=tuple(c.strip() for c in (verify_on or "").split(",") if c.strip()),
+                        default_threads=parse_option(default_threads))
 
     debug = debug_enabled()
 

@@ -122,9 +122,20 @@ static int parse_opts(int argc, char **argv, int start, cli_opts *o, ep_status *
 }
 
 static void print_manifest(void) {
+    /* the manifest as embedded, plus the thread cap the build wrote into the finished executable
+     * after it was bundled (so not in the embedded manifest): verify-build rebuilds with it */
     const ep_blob *m = &ep_spec.manifest_json;
-    fwrite(m->data, 1, ep_blob_size(m), stdout);
-    fputc('\n', stdout);
+    size_t n = ep_blob_size(m);
+    while (n > 0 && m->data[n - 1] != '}') n--;
+    if (n == 0) { /* not an object: print it as it is */
+        fwrite(m->data, 1, ep_blob_size(m), stdout);
+        fputc('\n', stdout);
+        return;
+    }
+    n--; /* drop the closing brace and the blank before it */
+    while (n > 0 && (m->data[n - 1] == '\n' || m->data[n - 1] == ' ')) n--;
+    fwrite(m->data, 1, n, stdout);
+    printf(",\n \"default_threads_cap\": %d\n}\n", ep_default_threads_cap());
 }
 
 /* The value of the first "key": "value" string in the embedded manifest (bounded copy, "" if absent):
@@ -164,6 +175,9 @@ static void print_summary(void) {
            strcmp(engine, ep_spec.backend) ? ")" : "", precision[0] ? precision : "?");
     for (int i = 0; i < ep_spec.n_inputs; i++) print_io("input", &ep_spec.inputs[i]);
     for (int i = 0; i < ep_spec.n_outputs; i++) print_io("output", &ep_spec.outputs[i]);
+    int cap = ep_default_threads_cap();
+    if (cap > 0) printf("threads every free core, at most %d (the fastest measured at build; --threads N overrides)\n", cap);
+    else printf("threads every free core (--threads N overrides)\n");
     printf("built by edgepack %s; the full manifest: info --json\n", version[0] ? version : "?");
 }
 

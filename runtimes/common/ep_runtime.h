@@ -155,6 +155,7 @@ double ep_max_abs(const ep_tensor *t);
 double ep_cosine(const ep_tensor *a, const ep_tensor *b);
 double ep_now_ms(void);
 int ep_default_threads(void);
+int ep_default_threads_cap(void); /* 0: no cap (every free core) */
 void ep_json_string(FILE *f, const char *s);
 
 int ep_cli(int argc, char **argv);

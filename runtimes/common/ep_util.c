@@ -383,8 +383,24 @@ double ep_now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* The default thread count's cap, written into the finished executable by the build after it timed
+ * the artifact at 1..N threads (edgepack/thread_policy.py finds the marker and rewrites the three
+ * digits; 000 = no cap). Tiny models run slower on more threads: waking them costs more than the
+ * work they share. volatile: no compiler may fold the unpatched digits into the code. */
+volatile const char ep_thread_cap_slot[] = "edgepack-default-threads-cap:000";
+
+int ep_default_threads_cap(void) {
+    size_t n = sizeof ep_thread_cap_slot - 1, cap = 0;
+    for (size_t i = n - 3; i < n; i++) {
+        char c = ep_thread_cap_slot[i];
+        if (c < '0' || c > '9') return 0; /* never patched into anything but digits; treat as no cap */
+        cap = cap * 10 + (size_t)(c - '0');
+    }
+    return (int)cap;
+}
+
 /* Free cores: online CPUs minus the 1-minute load average (ncnn's OpenMP collapses when
- * its threads outnumber free cores), at least 1. */
+ * its threads outnumber free cores), at least 1, at most the measured cap. */
 int ep_default_threads(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
@@ -397,6 +413,8 @@ int ep_default_threads(void) {
     long busy = (long)(load + 0.5);
     long free_cores = n - busy;
     if (free_cores < 1) free_cores = 1;
+    int cap = ep_default_threads_cap();
+    if (cap > 0 && free_cores > cap) free_cores = cap;
     return (int)free_cores;
 }
 

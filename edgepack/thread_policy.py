@@ -1,0 +1,246 @@
+"""The artifact's default thread count, measured where the artifact can be timed (issue 10).
+
+An artifact runs on every free core unless told ``--threads N``. Tiny models run slower that way: on
+this 2-core Xeon hey_jarvis took 0.033 ms on 1 thread and 0.063 ms on 2, oww_melspectrogram 0.28 ->
+0.43 ms, silero_vad_v6 0.27 -> 0.45 ms (waking the second thread costs more than the work it shares),
+while onnxruntime, which parallelises an op only when its cost says so, stays flat. A board with more
+cores loses more.
+
+So the build times the finished artifact at 1, 2, 4, ... threads up to every core of the machine that
+times it (this one for a target it runs natively, the ``--bench-on`` device otherwise), alternating the
+counts within each round, and keeps the fewest threads whose median is within ``WITHIN`` of the best.
+That count is written into the executable as its cap (``ep_thread_cap_slot`` in
+runtimes/common/ep_util.c: the marker below and three digits); when the most threads measured were the
+fastest there is no cap. The artifact was verified on 1 thread; before the cap is written, its selftest
+passes at every thread count measured, so the default it gets is one that was checked.
+
+``--default-threads N`` pins a cap without timing (verify-build rebuilds with the recorded one); ``all``
+writes none. The cap lives outside the embedded manifest so that the manifest's bytes, and all
+candidates', do not depend on a measurement; ``info --json`` adds it, the sidecar .json records the
+measurement.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import threading
+from pathlib import Path
+from typing import Callable
+
+from .cache import sha256_file
+from .errors import ArtifactError, DeployError, UsageError
+from .runner import run_artifact
+
+MARKER = b"edgepack-default-threads-cap:"
+DIGITS = 3
+WITHIN = 0.05          # fewer threads are kept while their median is at most 5% above the best
+ROUNDS = 3
+TARGET_MS = 150.0      # each bench call runs about this long (10..500 runs)
+MAX_COUNTS = 16
+_NATIVE_TIMING = threading.Lock()
+
+
+def parse_option(text: str) -> str:
+    """--default-threads: 'auto', 'all' or a count 1..999 -> the canonical string."""
+    t = str(text).strip().lower()
+    if t in ("auto", "all"):
+        return t
+    if t.isdigit() and 1 <= int(t) < 10 ** DIGITS:
+        return str(int(t))
+    raise UsageError(f"--default-threads takes auto, all or a count 1..{10 ** DIGITS - 1}, not {text!r}")
+
+
+def _slot_offset(data: bytes, path: Path) -> int:
+    at = data.find(MARKER)
+    if at < 0 or data.find(MARKER, at + 1) >= 0:
+        raise ArtifactError(f"{path}: {'no' if at < 0 else 'more than one'} thread-cap slot in the executable",
+                            hint="rebuild it with this edgepack")
+    digits = data[at + len(MARKER): at + len(MARKER) + DIGITS]
+    if len(digits) != DIGITS or not digits.isdigit():
+        raise ArtifactError(f"{path}: its thread-cap slot is damaged ({digits!r})", hint="rebuild it")
+    return at + len(MARKER)
+
+
+def read_cap(path: Path) -> int:
+    data = Path(path).read_bytes()
+    at = _slot_offset(data, path)
+    return int(data[at:at + DIGITS])
+
+
+def write_cap(path: Path, cap: int) -> None:
+    """Rewrite the three digits in place (0 = no cap); nothing else in the file changes."""
+    if not 0 <= cap < 10 ** DIGITS:
+        raise ValueError(cap)
+    path = Path(path)
+    data = bytearray(path.read_bytes())
+    at = _slot_offset(bytes(data), path)
+    data[at:at + DIGITS] = f"{cap:0{DIGITS}d}".encode()
+    path.write_bytes(bytes(data))
+
+
+def counts_for(cores: int) -> list[int]:
+    """1, 2, 4, ... and every core (at most MAX_COUNTS)."""
+    cores = max(1, min(cores, MAX_COUNTS))
+    out, c = [], 1
+    while c < cores:
+        out.append(c)
+        c *= 2
+    return out + [cores]
+
+
+def decide(medians: dict[int, float]) -> tuple[int, str]:
+    """(cap, why): the fewest threads within WITHIN of the fastest; cap 0 when that is the most measured."""
+    best = min(medians.values())
+    keep = min(c for c, m in medians.items() if m <= best * (1 + WITHIN))
+    timed = ", ".join(f"{c} thread{'s' if c > 1 else ''} {m:.3g} ms" for c, m in sorted(medians.items()))
+    if keep == max(medians):
+        return 0, f"every free core: the most threads measured were the fastest ({timed})"
+    return keep, (f"at most {keep} thread{'s' if keep > 1 else ''}: more were not {WITHIN:.0%} faster ({timed})")
+
+
+def _runs_for(median_ms: float | None) -> int:
+    if not median_ms or median_ms <= 0:
+        return 10
+    return int(max(10, min(500, TARGET_MS / median_ms)))
+
+
+class _Native:
+    name = "native"
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def cores(self) -> int:
+        return len(os.sched_getaffinity(0))
+
+    def run(self, args: list[str]) -> tuple[int, str, str]:
+        """(exit code, stdout, stdout and stderr for a message)"""
+        proc = run_artifact(self.path, args, timeout=1800)
+        return proc.returncode, proc.stdout or "", (proc.stdout or "") + (proc.stderr or "")
+
+
+class _OnDevice:
+    """The artifact uploaded to a fresh temporary folder on the --bench-on device, removed afterwards."""
+
+    def __init__(self, path: Path, dev, conn):
+        self.path, self.dev, self.conn, self.name = path, dev, conn, dev.name
+        res = conn.run("mktemp -d \"${TMPDIR:-/tmp}/edgepack-threads.XXXXXX\"", 30)
+        self.tmp = res.stdout.strip()
+        if res.rc != 0 or not self.tmp.startswith("/"):
+            raise DeployError(f"device {dev.name}: cannot make a temporary folder: {res.output[:200]}")
+        self.remote = f"{self.tmp}/{path.name}"
+        conn.put(path, self.remote)
+        conn.chmod(self.remote, 0o755)
+
+    def cores(self) -> int:
+        res = self.conn.run("getconf _NPROCESSORS_ONLN 2>/dev/null || nproc", 30)
+        try:
+            return int(res.stdout.strip().splitlines()[0])
+        except (ValueError, IndexError):
+            raise DeployError(f"device {self.name}: cannot count its cores: {res.output[:200]}") from None
+
+    def run(self, args: list[str]) -> tuple[int, str, str]:
+        res = self.conn.run(shlex.join([self.remote, *args]), 1800)
+        return res.rc, res.stdout, res.output
+
+    def close(self) -> None:
+        for fn, arg in ((self.conn.remove, self.remote), (self.conn.rmdir, self.tmp)):
+            try:
+                fn(arg)
+            except Exception:  # noqa: BLE001  (cleaning up after a failure: the first error is the one to report)
+                pass
+
+
+def measure(where, median_1: float | None = None, log: Callable[[str], None] = lambda m: None) -> dict:
+    """Selftest at every count, then ROUNDS alternating rounds of `bench --threads c`: the record."""
+    counts = counts_for(where.cores())
+    if len(counts) == 1:
+        return {"measured_on": where.name, "counts": counts, "medians_ms": {}, "cap": 0,
+                "why": "every free core: one core to time on, nothing to compare"}
+    failed = {}
+    for c in counts:
+        rc, _, out = where.run(["selftest", "--threads", str(c), "--runs", "1", "--warmup", "0"])
+        if rc != 0:
+            failed[c] = out.strip().splitlines()[-1][:200] if out.strip() else f"exit {rc}"
+    if 1 in failed:
+        raise ArtifactError(f"{where.name}: the verified artifact's selftest failed on 1 thread: {failed[1]}")
+    counts = [c for c in counts if c not in failed]
+    runs = _runs_for(median_1)
+    log(f"timing {len(counts)} thread counts ({', '.join(map(str, counts))}) on {where.name}, "
+        f"{ROUNDS} alternating rounds of bench --runs {runs}")
+    rounds: dict[int, list[float]] = {c: [] for c in counts}
+    for _ in range(ROUNDS):
+        for c in counts:
+            rc, out, both = where.run(["bench", "--runs", str(runs), "--warmup", "3", "--threads", str(c), "--json"])
+            if rc != 0:
+                raise ArtifactError(f"{where.name}: bench --threads {c} failed (exit {rc}): {both[-200:]}")
+            rounds[c].append(float(json.loads(out.strip().splitlines()[-1])["median_ms"]))
+    medians = {c: statistics.median(r) for c, r in rounds.items()}
+    cap, why = decide(medians)
+    if failed:  # a count whose selftest failed is never a default: cap below the first one
+        first_bad = min(failed)
+        if cap == 0 or cap >= first_bad:
+            cap = max(c for c in counts if c < first_bad)
+        why += "; selftest FAILED at " + ", ".join(f"{c} threads ({m})" for c, m in sorted(failed.items()))
+    return {"measured_on": where.name, "counts": counts, "runs": runs, "rounds_ms": rounds,
+            "medians_ms": medians, "cap": cap, "why": why, "selftest_failed": failed}
+
+
+def apply(result, option: str, timing: str | None, bench_on, verified: bool = True,
+          log: Callable[[str], None] = lambda m: None):
+    """Write the default-thread cap into the kept artifact and its record into the sidecar manifest;
+    returns the TargetResult with a note. ``timing``: 'native', 'device' or None (cannot be timed)."""
+    import dataclasses
+    path = Path(result.path)
+    if option == "all":
+        rec = {"cap": 0, "why": "every free core (--default-threads all)", "option": option}
+    elif option != "auto":
+        rec = {"cap": int(option), "why": f"at most {option} (--default-threads {option}, not measured)",
+               "option": option}
+    elif timing is None:
+        rec = {"cap": 0, "option": option, "why": "every free core: not measured (" + (
+            "the target does not run here and no --bench-on device runs it" if verified
+            else "--no-verify: only a verified artifact is timed") + ")"}
+    else:
+        median_1 = (result.selection or {}).get("candidates", [{}])
+        kept = [c for c in median_1 if c.get("backend") == result.backend and c.get("precision") == result.precision]
+        m1 = kept[0]["median_ms"] if kept else None
+        if timing == "device":
+            from .deploy.engine import open_connector
+            try:
+                with open_connector(bench_on.device, bench_on.options) as conn:
+                    where = _OnDevice(path, bench_on, conn)
+                    try:
+                        rec = measure(where, m1, log)
+                    finally:
+                        where.close()
+            except DeployError as exc:
+                exc.hint = exc.hint or f"check the device with `edgepack check -d {bench_on.name}`"
+                raise
+        else:
+            with _NATIVE_TIMING:  # targets build side by side: one timing here at a time
+                rec = measure(_Native(path), m1, log)
+        rec["option"] = option
+        rec = json.loads(json.dumps(rec))  # int keys -> strings, as the manifest stores them
+    write_cap(path, rec["cap"])
+    log(f"default threads: {rec['why']}")
+    sidecar = path.with_name(path.name + ".json")
+    manifest = json.loads(sidecar.read_text())
+    manifest["default_threads"] = rec
+    manifest.setdefault("artifact", {})["sha256"] = sha256_file(path)
+    sidecar.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return dataclasses.replace(result, notes=result.notes + (f"default threads: {rec['why']}",),
+                               default_threads=rec)
+
+
+def recorded_option(manifest: dict) -> str:
+    """What verify-build passes as --default-threads: the cap the artifact carries, pinned."""
+    if "default_threads_cap" in manifest:           # from `info --json`
+        cap = int(manifest["default_threads_cap"])
+    elif "default_threads" in manifest:             # from the sidecar
+        cap = int(manifest["default_threads"]["cap"])
+    else:                                           # built before caps: no cap
+        cap = 0
+    return str(cap) if cap else "all"

@@ -1,0 +1,61 @@
+"""The default-thread cap on real artifacts: measured by the build, carried in the executable, obeyed
+by it, and reproduced by verify-build (whose own test rebuilds the measured tiny_artifacts)."""
+import json
+import os
+import shutil
+
+from clirun import run_edgepack
+from edgepack.runner import run_artifact
+from edgepack.thread_policy import counts_for, decide, read_cap, write_cap
+
+
+def _bench_threads(art) -> int:
+    proc = run_artifact(art, ["bench", "--runs", "3", "--warmup", "0", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["threads"]
+
+
+def test_the_build_measures_and_writes_the_cap(tiny_artifacts):
+    art = tiny_artifacts["x86_64"]
+    rec = json.loads(art.with_name(art.name + ".json").read_text())["default_threads"]
+    cores = len(os.sched_getaffinity(0))
+    assert rec["measured_on"] == "native" and rec["option"] == "auto"
+    assert rec["counts"] == counts_for(cores) and rec["selftest_failed"] == {}
+    if cores > 1:  # every count timed in every round, and the cap is the rule's answer to those medians
+        assert all(len(rec["rounds_ms"][str(c)]) == 3 for c in rec["counts"])
+        assert rec["cap"] == decide({int(c): m for c, m in rec["medians_ms"].items()})[0]
+    assert read_cap(art) == rec["cap"]
+    info = json.loads(run_artifact(art, ["info", "--json"]).stdout)
+    assert info["default_threads_cap"] == rec["cap"] and info["target"]["name"] == "x86_64"
+    # arm64 does not run here and no --bench-on device was named: nothing measured, no cap
+    arm = tiny_artifacts["arm64"]
+    rec = json.loads(arm.with_name(arm.name + ".json").read_text())["default_threads"]
+    assert rec["cap"] == 0 and "not measured" in rec["why"] and read_cap(arm) == 0
+
+
+def test_the_executable_obeys_its_cap(tiny_artifacts, tmp_path):
+    art = tmp_path / "tiny"
+    shutil.copy(tiny_artifacts["x86_64"], art)
+    write_cap(art, 1)
+    assert _bench_threads(art) == 1
+    assert "at most 1 (the fastest measured at build" in run_artifact(art, ["info"]).stdout
+    assert run_artifact(art, ["selftest"]).returncode == 0  # the patched executable still checks itself
+    # an explicit --threads overrides the cap
+    proc = run_artifact(art, ["bench", "--runs", "3", "--warmup", "0", "--threads", "2", "--json"])
+    assert json.loads(proc.stdout)["threads"] == 2
+    write_cap(art, 0)
+    assert "threads every free core (--threads N overrides)" in run_artifact(art, ["info"]).stdout
+    assert json.loads(run_artifact(art, ["info", "--json"]).stdout)["default_threads_cap"] == 0
+
+
+def test_a_pinned_cap_is_written_without_timing(tiny_cnn, tmp_path):
+    proc = run_edgepack("build", tiny_cnn, "--target", "x86_64", "--backend", "ncnn", "--no-verify",
+                        "--default-threads", "3", "--out", tmp_path, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout)["results"][0]
+    art = tmp_path / "tiny_cnn-x86_64"
+    assert res["default_threads"] == {"cap": 3, "option": "3", "why": "at most 3 (--default-threads 3, not measured)"}
+    assert read_cap(art) == 3 and res["sha256"] == json.loads(art.with_name(art.name + ".json").read_text())[
+        "artifact"]["sha256"]
+    bad = run_edgepack("build", tiny_cnn, "--target", "x86_64", "--default-threads", "0", "--out", tmp_path)
+    assert bad.returncode == 2 and "--default-threads takes auto, all or a count" in bad.stderr

@@ -1,0 +1,59 @@
+"""The default-thread cap: which count is kept, and the slot it is written into."""
+import pytest
+
+from edgepack.errors import ArtifactError, UsageError
+from edgepack.thread_policy import (MARKER, counts_for, decide, parse_option, read_cap, recorded_option,
+                                    write_cap)
+
+
+def test_counts_double_up_to_every_core():
+    assert counts_for(1) == [1]
+    assert counts_for(2) == [1, 2]
+    assert counts_for(6) == [1, 2, 4, 6]
+    assert counts_for(8) == [1, 2, 4, 8]
+    assert counts_for(128) == [1, 2, 4, 8, 16]
+
+
+def test_fewest_threads_within_five_percent_of_the_fastest():
+    # hey_jarvis as measured: 2 threads twice as slow
+    assert decide({1: 0.038, 2: 0.0687})[0] == 1
+    # 2 threads 3% faster: not worth a second core
+    assert decide({1: 1.00, 2: 0.97})[0] == 1
+    # scaling to the last count measured: no cap, every free core
+    cap, why = decide({1: 10.0, 2: 5.6, 4: 3.1})
+    assert cap == 0 and why.startswith("every free core")
+    # best at 4 of 8
+    cap, why = decide({1: 10.0, 2: 6.0, 4: 4.0, 8: 4.5})
+    assert cap == 4 and "at most 4 threads" in why and "8 threads 4.5 ms" in why
+
+
+def test_option_parsing():
+    assert [parse_option(x) for x in ("auto", "ALL", "04", "999")] == ["auto", "all", "4", "999"]
+    for bad in ("0", "1000", "-1", "many", ""):
+        with pytest.raises(UsageError):
+            parse_option(bad)
+
+
+def test_cap_is_rewritten_in_place(tmp_path):
+    exe = tmp_path / "a"
+    body = b"\x7fELF" + b"\0" * 100 + MARKER + b"000" + b"\0" * 50
+    exe.write_bytes(body)
+    write_cap(exe, 12)
+    data = exe.read_bytes()
+    assert len(data) == len(body) and read_cap(exe) == 12
+    assert data.replace(MARKER + b"012", MARKER + b"000") == body  # nothing else changed
+
+
+def test_a_file_without_one_slot_is_refused(tmp_path):
+    none, two = tmp_path / "none", tmp_path / "two"
+    none.write_bytes(b"\x7fELF" + b"\0" * 64)
+    two.write_bytes(MARKER + b"000" + MARKER + b"001")
+    for f in (none, two):
+        with pytest.raises(ArtifactError):
+            write_cap(f, 1)
+
+
+def test_verify_build_pins_the_recorded_cap():
+    assert recorded_option({"default_threads_cap": 1}) == "1"         # info --json
+    assert recorded_option({"default_threads": {"cap": 0}}) == "all"  # the sidecar
+    assert recorded_option({}) == "all"                               # built before caps
