@@ -70,8 +70,8 @@ class Row:
             return self.edgepack_ms / self.onnxruntime_ms
         return None
 
-    def ratio_at(self, threads: int) -> float | None:
-        if threads == 1:
+    def ratio_at(self, threads: int | str) -> float | None:
+        if str(threads) == "1":
             return self.ratio
         t = self.by_threads.get(str(threads)) or {}
         return t["edgepack_ms"] / t["onnxruntime_ms"] if t.get("edgepack_ms") and t.get("onnxruntime_ms") else None
@@ -238,10 +238,21 @@ def text_table(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def thread_keys(rows: list[Row]) -> list[str]:
+    """The extra thread columns: counts in order, then "default" (each side's own thread choice: the
+    artifact's measured cap or every free core, onnxruntime's intra-op default)."""
+    keys = {t for r in rows for t in r.by_threads}
+    return sorted(keys - {"default"}, key=int) + (["default"] if "default" in keys else [])
+
+
+def _thread_label(t: str) -> str:
+    return "default threads" if t == "default" else f"{t} threads"
+
+
 def markdown_table(rows: list[Row]) -> str:
-    more = sorted({int(t) for r in rows for t in r.by_threads})
+    more = thread_keys(rows)
     out = ["| model | what | target | backend | precision | max error (bound) | build s | x86_64 ms edgepack / onnxruntime |"
-           + "".join(f" {t} threads |" for t in more),
+           + "".join(f" {_thread_label(t)} |" for t in more),
            "|---|---|---|---|---|---|---|---|" + "---|" * len(more)]
     for r in rows:
         if r.ok:
@@ -267,9 +278,9 @@ def summary(rows: list[Row]) -> str:
     ratios = [r.ratio for r in rows if r.ratio]
     geo = statistics.geometric_mean(ratios) if ratios else None
     more = ""
-    for t in sorted({int(t) for r in rows for t in r.by_threads}):
+    for t in thread_keys(rows):
         rt = [r.ratio_at(t) for r in rows if r.ratio_at(t)]
-        more += f"; at {t} threads {statistics.geometric_mean(rt):.2f}x over {len(rt)}" if rt else ""
+        more += f"; at {_thread_label(t)} {statistics.geometric_mean(rt):.2f}x over {len(rt)}" if rt else ""
     worst = max((r.max_abs_err / r.bound for r in rows if r.ok and r.max_abs_err is not None and r.bound), default=None)
     both = [m for m in models if {r.target for r in rows if r.model == m and r.ok} >= {"x86_64", "arm64"}]
     split = [m for m in ok_all if m not in ncnn_all and any("+" in (r.backend or "") for r in rows if r.model == m)]
@@ -286,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", default="x86_64,arm64")
     ap.add_argument("--runs", type=int, default=20, help="inferences per timing round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (best round is reported)")
-    ap.add_argument("--threads", default="1", help="thread counts to time, comma-separated (1 is always timed)")
+    ap.add_argument("--threads", default="1",
+                    help="thread counts to time, comma-separated (1 is always timed); 'default': each side's own "
+                         "choice (the artifact without --threads, onnxruntime's default intra-op threads)")
     ap.add_argument("--no-bench", action="store_true", help="build and verify only")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
     ap.add_argument("--json", type=Path, default=RESULTS / "corpus.json", help="where the JSON report goes")
@@ -305,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in doc["rows"]]
         print(markdown_table(rows) if args.markdown else text_table(rows))
         print(f"\n{summary(rows)} (edgepack {doc.get('edgepack_commit', '?')}, targets {doc['targets']}, "
-              f"threads {','.join(['1', *sorted({t for r in rows for t in r.by_threads}, key=int)])}, "
+              f"threads {','.join(['1', *thread_keys(rows)])}, "
               f"best of {doc['rounds']} rounds of {doc['runs']} runs)")
         return 0
     if args.list:
@@ -341,9 +354,12 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     r.edgepack_ms, r.onnxruntime_ms = side_by_side(e, model, Path(r.file),
                                                                    args.runs, args.rounds)
-                    for t in sorted({int(x) for x in args.threads.split(",")} - {1}):
-                        ours, ort_ms = side_by_side(e, model, Path(r.file), args.runs, args.rounds, threads=t)
-                        r.by_threads[str(t)] = {"edgepack_ms": ours, "onnxruntime_ms": ort_ms}
+                    asked = set(args.threads.split(",")) - {"1"}
+                    for t in sorted(asked - {"default"}, key=int) + (["default"] if "default" in asked else []):
+                        # 0: the artifact's own default (--threads 0), onnxruntime's (intra_op_num_threads 0)
+                        ours, ort_ms = side_by_side(e, model, Path(r.file), args.runs, args.rounds,
+                                                    threads=0 if t == "default" else int(t))
+                        r.by_threads[t] = {"edgepack_ms": ours, "onnxruntime_ms": ort_ms}
                 except Exception as exc:  # a benchmark failure is a row note, not the end of the run
                     r.error = f"bench: {exc}"
             print(text_table([r]).splitlines()[1], file=sys.stderr, flush=True)

@@ -410,14 +410,18 @@ def build_target(prep: PreparedModel, target: Target, opts: BuildOptions, tc: To
     finally:
         if stage:
             stage.cleanup()
-    if not res.ok:
-        return res
-    # the kept artifact's default thread count, timed where it can be (a verified artifact only)
-    from . import thread_policy
-    thread_timing = selection.where_to_time(target, "fastest", opts.bench_on) if opts.verify else None
-    res = thread_policy.apply(res, opts.default_threads, thread_timing, opts.bench_on, opts.verify,
+    return res
+
+
+def with_thread_cap(res: TargetResult, target: Target, opts: BuildOptions, log: Callable[[str], None]) -> TargetResult:
+    """The kept artifact's default thread count, timed where it can be (a verified artifact only).
+    build() calls it once every target is built, so that no other target's build shares the CPUs."""
+    from . import selection, thread_policy
+    t0 = time.monotonic()
+    timing = selection.where_to_time(target, "fastest", opts.bench_on) if opts.verify else None
+    res = thread_policy.apply(res, opts.default_threads, timing, opts.bench_on, opts.verify,
                               lambda m: log(f"[{target.name}] {m}"))
-    return dataclasses.replace(res, seconds=time.monotonic() - t0)
+    return dataclasses.replace(res, seconds=res.seconds + time.monotonic() - t0)
 
 
 def _build_candidates(prep, target, opts, tc, log, candidates, reasons, rejected, t0, timing, verified,
@@ -559,16 +563,19 @@ def build(model_path: Path, targets: list[Target], opts: BuildOptions, log: Call
     prep = prepare(Path(model_path), opts)
     for note in prep.model.notes:
         log(note)
-    def one(target: Target) -> TargetResult:
+    def guarded(target: Target, step: Callable[[], TargetResult]) -> TargetResult:
         try:
-            res = build_target(prep, target, opts, toolchains[target.toolchain], log)
+            return step()
         except EdgepackError as exc:
-            res = TargetResult(target.name, False, error=exc.message, hint=exc.hint, exit_code=exc.exit_code)
+            return TargetResult(target.name, False, error=exc.message, hint=exc.hint, exit_code=exc.exit_code)
         except Exception as exc:  # a bug must not stop the other targets; report it fully
-            res = TargetResult(target.name, False, error=f"internal error: {type(exc).__name__}: {exc}",
-                               hint="please report this with --debug output", exit_code=70,
-                               notes=(traceback.format_exc(),))
-        if on_result:
+            return TargetResult(target.name, False, error=f"internal error: {type(exc).__name__}: {exc}",
+                                hint="please report this with --debug output", exit_code=70,
+                                notes=(traceback.format_exc(),))
+
+    def one(target: Target) -> TargetResult:
+        res = guarded(target, lambda: build_target(prep, target, opts, toolchains[target.toolchain], log))
+        if on_result and not res.ok:
             on_result(res)
         return res
 
@@ -576,6 +583,16 @@ def build(model_path: Path, targets: list[Target], opts: BuildOptions, log: Call
     # verification, and shared heavy steps (libncnn, conversion) are serialised by cache locks.
     jobs = max(1, min(opts.jobs or os.cpu_count() or 1, len(targets)))
     if jobs == 1:
-        return [one(t) for t in targets]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, targets))
+        built = [one(t) for t in targets]
+    else:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            built = list(pool.map(one, targets))
+    # then each kept artifact's thread count, timed one target at a time on an otherwise idle build
+    results = []
+    for target, res in zip(targets, built):
+        if res.ok:
+            res = guarded(target, lambda: with_thread_cap(res, target, opts, log))
+            if on_result:
+                on_result(res)
+        results.append(res)
+    return results

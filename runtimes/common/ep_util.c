@@ -399,18 +399,26 @@ int ep_default_threads_cap(void) {
     return (int)cap;
 }
 
-/* Free cores: online CPUs minus the 1-minute load average (ncnn's OpenMP collapses when
- * its threads outnumber free cores), at least 1, at most the measured cap. */
+/* Free cores: online CPUs minus the busy ones (ncnn's OpenMP collapses when its threads outnumber
+ * free cores), at least 1, at most the measured cap. Busy: the 1-minute load average, but no more
+ * than the threads runnable right now besides this one (/proc/loadavg's "R/T" field counts the
+ * reader): the average alone remembers this artifact's own earlier runs, so a loop of runs (or a
+ * benchmark) on an idle machine would make the next one single-threaded. */
 int ep_default_threads(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     double load = 0;
+    long running = -1, total = 0;
     FILE *f = fopen("/proc/loadavg", "r");
     if (f) {
-        if (fscanf(f, "%lf", &load) != 1) load = 0;
+        double l5, l15;
+        int got = fscanf(f, "%lf %lf %lf %ld/%ld", &load, &l5, &l15, &running, &total);
+        if (got < 1) load = 0;
+        if (got < 4) running = -1;
         fclose(f);
     }
     long busy = (long)(load + 0.5);
+    if (running >= 1 && busy > running - 1) busy = running - 1;
     long free_cores = n - busy;
     if (free_cores < 1) free_cores = 1;
     int cap = ep_default_threads_cap();
