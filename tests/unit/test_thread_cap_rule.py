@@ -57,3 +57,14 @@ def test_verify_build_pins_the_recorded_cap():
     assert recorded_option({"default_threads_cap": 1}) == "1"         # info --json
     assert recorded_option({"default_threads": {"cap": 0}}) == "all"  # the sidecar
     assert recorded_option({}) == "all"                               # built before caps
+
+
+def test_cpu_counters_and_the_share_others_took():
+    from edgepack.thread_policy import cpu_ticks, others_share
+    assert cpu_ticks("cpu  100 0 50 800 50 0 0 0 0 0") == (150, 1000)
+    assert cpu_ticks("intr 1 2 3") is None
+    # 2 cores, 1 s (200 ticks): the artifact used 1000 ms, the machine 150 ticks busy: 0.5 s went to others
+    assert others_share([((0, 0), (150, 200), 1000.0)]) == 0.25
+    # nothing else ran (the artifact's own time can exceed the ticks by rounding)
+    assert others_share([((10, 100), (60, 300), 520.0)]) == 0.0
+    assert others_share([((0, 0), None, 5.0)]) is None
