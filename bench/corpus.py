@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -172,13 +173,25 @@ def artifact_median(path: Path, runs: int, env: dict | None = None, threads: int
     return json.loads(proc.stdout)["median_ms"]
 
 
+def idle_default_threads(artifact: Path) -> int:
+    """What the artifact runs on without --threads on an idle machine: every core, at most its cap. (Asking
+    it here would not say: this benchmark's own load, onnxruntime's spinning threads included, is what
+    the artifact subtracts from the free cores.)"""
+    info = json.loads(subprocess.run([str(artifact), "info", "--json"], capture_output=True, text=True,
+                                     timeout=120, check=True).stdout)
+    cores, cap = len(os.sched_getaffinity(0)), int(info.get("default_threads_cap") or 0)
+    return min(cores, cap) if cap else cores
+
+
 def side_by_side(entry: Entry, model: Path, artifact: Path, runs: int, rounds: int,
                  threads: int = 1) -> tuple[float, float]:
-    """Best-of-rounds medians, artifact and onnxruntime alternating within each round, same threads."""
+    """Best-of-rounds medians, artifact and onnxruntime alternating within each round, same threads;
+    threads 0: each side's default (the artifact's on an idle machine, onnxruntime's intra-op default)."""
     sess, feeds = ort_session(model, threads), ort_inputs(entry, model)
+    ours_threads = threads or idle_default_threads(artifact)
     ours, theirs = [], []
     for _ in range(rounds):
-        ours.append(artifact_median(artifact, runs, threads=threads))
+        ours.append(artifact_median(artifact, runs, threads=ours_threads))
         theirs.append(ort_median(sess, feeds, runs))
     return min(ours), min(theirs)
 
@@ -356,7 +369,6 @@ def main(argv: list[str] | None = None) -> int:
                                                                    args.runs, args.rounds)
                     asked = set(args.threads.split(",")) - {"1"}
                     for t in sorted(asked - {"default"}, key=int) + (["default"] if "default" in asked else []):
-                        # 0: the artifact's own default (--threads 0), onnxruntime's (intra_op_num_threads 0)
                         ours, ort_ms = side_by_side(e, model, Path(r.file), args.runs, args.rounds,
                                                     threads=0 if t == "default" else int(t))
                         r.by_threads[t] = {"edgepack_ms": ours, "onnxruntime_ms": ort_ms}
