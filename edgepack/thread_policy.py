@@ -151,10 +151,10 @@ class _Native:
         self.path = path
 
     def bench(self, args: list[str]) -> tuple[int, str, str, tuple | None, tuple | None, float | None]:
-        """run() between two reads of the machine's CPU counters, and the CPU time it cost this process
-        and the artifact (spawning included), ms"""
+        """run() between two reads of the machine's CPU counters, and the CPU time it cost the artifact and
+        this thread (which spawns it), ms; the build's other threads count as others: they compete too"""
         def ours() -> float:
-            a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            a, b = resource.getrusage(resource.RUSAGE_THREAD), resource.getrusage(resource.RUSAGE_CHILDREN)
             return (a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime) * 1e3
         before, cpu0 = _local_ticks(), ours()
         rc, out, both = self.run(args)
