@@ -219,8 +219,8 @@ def measure(where, log: Callable[[str], None] = lambda m: None) -> dict:
     after ATTEMPTS such timings no cap is written (a busy machine makes more threads look slow)."""
     counts = counts_for(where.cores())
     if len(counts) == 1:
-        return {"measured_on": where.name, "counts": counts, "medians_ms": {}, "cap": 0,
-                "why": "every free core: one core to time on, nothing to compare"}
+        return {"measured_on": where.name, "counts": counts, "medians_ms": {}, "cap": 0, "selftest_failed": {},
+                "others_cpu_share": None, "why": "every free core: one core to time on, nothing to compare"}
     failed = {}
     for c in counts:
         rc, _, out = where.run(["selftest", "--threads", str(c), "--runs", "1", "--warmup", "0"])
