@@ -98,10 +98,14 @@ def decide(medians: dict[int, float]) -> tuple[int, str]:
     """(cap, why): the fewest threads within WITHIN of the fastest; cap 0 when that is the most measured."""
     best = min(medians.values())
     keep = min(c for c, m in medians.items() if m <= best * (1 + WITHIN))
-    timed = ", ".join(f"{c} thread{'s' if c > 1 else ''} {m:.3g} ms" for c, m in sorted(medians.items()))
+    timed = _timed(medians)
     if keep == max(medians):
         return 0, f"every free core: the most threads measured were the fastest ({timed})"
     return keep, (f"at most {keep} thread{'s' if keep > 1 else ''}: more were not {WITHIN:.0%} faster ({timed})")
+
+
+def _timed(medians: dict[int, float]) -> str:
+    return ", ".join(f"{c} thread{'s' if c > 1 else ''} {m:.3g} ms" for c, m in sorted(medians.items()))
 
 
 def _runs_for(median_ms: float | None) -> int:
@@ -245,9 +249,8 @@ def measure(where, log: Callable[[str], None] = lambda m: None) -> dict:
     rec = {"measured_on": where.name, "counts": counts, "runs": runs, "rounds_ms": rounds, "medians_ms": medians,
            "others_cpu_share": None if share is None else round(share, 3), "selftest_failed": failed}
     if share is not None and share > BUSY_LIMIT:
-        timed = ", ".join(f"{c} threads {m:.3g} ms" for c, m in sorted(medians.items()))
         return rec | {"cap": 0, "why": f"every free core: not decided, other processes took {share:.0%} of the "
-                      f"CPUs while timing ({timed}; --default-threads N pins a cap)"}
+                      f"CPUs while timing ({_timed(medians)}; --default-threads N pins a cap)"}
     cap, why = decide(medians)
     if failed:  # a count whose selftest failed is never a default: cap below the first one
         first_bad = min(failed)
@@ -301,7 +304,7 @@ def apply(result, option: str, timing: str | None, bench_on, verified: bool = Tr
                 exc.hint = exc.hint or f"check the device with `edgepack check -d {bench_on.name}`"
                 raise
         else:
-            with _NATIVE_TIMING:  # targets build side by side: one timing here at a time
+            with _NATIVE_TIMING:  # build() times its targets one by one; this covers builds run in threads
                 rec = measure(_Native(path), log)
         rec["option"] = option
         rec = json.loads(json.dumps(rec))  # int keys -> strings, as the manifest stores them
