@@ -23,6 +23,7 @@ medians decides.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import statistics
@@ -131,39 +132,46 @@ def time_native(paths: list[Path], runs: int = BENCH_RUNS, rounds: int = BENCH_R
     return out
 
 
+@contextlib.contextmanager
+def uploaded(conn, dev: BenchDevice, paths: list[Path], prefix: str):
+    """The artifacts copied, executable, into a fresh temporary folder on the device (its remote paths),
+    removed again afterwards whatever happened."""
+    res = conn.run(f"mktemp -d \"${{TMPDIR:-/tmp}}/{prefix}.XXXXXX\"", 30)
+    tmp = res.stdout.strip()
+    if res.rc != 0 or not tmp.startswith("/"):
+        raise DeployError(f"device {dev.name}: cannot make a temporary folder: {res.output[:200]}")
+    remote = [f"{tmp}/c{i}-{p.name}" for i, p in enumerate(paths)]
+    try:
+        for p, r in zip(paths, remote):
+            conn.put(p, r)
+            conn.chmod(r, 0o755)
+        yield remote
+    finally:
+        for r in remote:
+            try:
+                conn.remove(r)
+            except Exception:  # noqa: BLE001  (a file never uploaded)
+                pass
+        try:
+            conn.rmdir(tmp)
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def time_on_device(paths: list[Path], dev: BenchDevice, runs: int = BENCH_RUNS,
                    rounds: int = BENCH_ROUNDS) -> list[list[float]]:
     """The same on a device over SSH: upload into a fresh temporary folder, time, remove it again."""
     from .deploy.engine import open_connector
     out: list[list[float]] = [[] for _ in paths]
     try:
-        with open_connector(dev.device, dev.options) as conn:
-            res = conn.run("mktemp -d \"${TMPDIR:-/tmp}/edgepack-bench.XXXXXX\"", 30)
-            tmp = res.stdout.strip()
-            if res.rc != 0 or not tmp.startswith("/"):
-                raise DeployError(f"device {dev.name}: cannot make a temporary folder: {res.output[:200]}")
-            remote = [f"{tmp}/c{i}-{p.name}" for i, p in enumerate(paths)]
-            try:
-                for p, r in zip(paths, remote):
-                    conn.put(p, r)
-                    conn.chmod(r, 0o755)
-                for _ in range(rounds):
-                    for i, r in enumerate(remote):
-                        res = conn.run(shlex.join([r, *_bench_args(runs)]), 1800)
-                        if res.rc != 0:
-                            raise DeployError(f"device {dev.name}: {paths[i].name} bench failed (exit {res.rc}): "
-                                              f"{res.output[-200:]}")
-                        out[i].append(_bench_json(res.stdout))
-            finally:
-                for r in remote:
-                    try:
-                        conn.remove(r)
-                    except Exception:  # noqa: BLE001  (a file never uploaded)
-                        pass
-                try:
-                    conn.rmdir(tmp)
-                except Exception:  # noqa: BLE001
-                    pass
+        with open_connector(dev.device, dev.options) as conn, uploaded(conn, dev, paths, "edgepack-bench") as remote:
+            for _ in range(rounds):
+                for i, r in enumerate(remote):
+                    res = conn.run(shlex.join([r, *_bench_args(runs)]), 1800)
+                    if res.rc != 0:
+                        raise DeployError(f"device {dev.name}: {paths[i].name} bench failed (exit {res.rc}): "
+                                          f"{res.output[-200:]}")
+                    out[i].append(_bench_json(res.stdout))
     except DeployError as exc:
         if not exc.hint:
             exc.hint = f"check the device with `edgepack check -d {dev.name}`"

@@ -33,6 +33,7 @@ from typing import Callable
 from .cache import sha256_file
 from .errors import ArtifactError, DeployError, UsageError
 from .runner import run_artifact
+from .selection import _bench_json
 
 MARKER = b"edgepack-default-threads-cap:"
 DIGITS = 3
@@ -175,17 +176,10 @@ class _Native:
 
 
 class _OnDevice:
-    """The artifact uploaded to a fresh temporary folder on the --bench-on device, removed afterwards."""
+    """The artifact as uploaded to the --bench-on device (selection.uploaded), reached over ``conn``."""
 
-    def __init__(self, path: Path, dev, conn):
-        self.path, self.dev, self.conn, self.name = path, dev, conn, dev.name
-        res = conn.run("mktemp -d \"${TMPDIR:-/tmp}/edgepack-threads.XXXXXX\"", 30)
-        self.tmp = res.stdout.strip()
-        if res.rc != 0 or not self.tmp.startswith("/"):
-            raise DeployError(f"device {dev.name}: cannot make a temporary folder: {res.output[:200]}")
-        self.remote = f"{self.tmp}/{path.name}"
-        conn.put(path, self.remote)
-        conn.chmod(self.remote, 0o755)
+    def __init__(self, remote: str, dev, conn):
+        self.remote, self.conn, self.name = remote, conn, dev.name
 
     def cores(self) -> int:
         res = self.conn.run("getconf _NPROCESSORS_ONLN 2>/dev/null || nproc", 30)
@@ -209,13 +203,6 @@ class _OnDevice:
         ok = len(stats) == 2
         return res.rc, out, res.output, stats[0] if ok else None, stats[1] if ok else None, None
 
-    def close(self) -> None:
-        for fn, arg in ((self.conn.remove, self.remote), (self.conn.rmdir, self.tmp)):
-            try:
-                fn(arg)
-            except Exception:  # noqa: BLE001  (cleaning up after a failure: the first error is the one to report)
-                pass
-
 
 def measure(where, log: Callable[[str], None] = lambda m: None) -> dict:
     """Selftest at every count, then ROUNDS alternating rounds of `bench --threads c`: the record. A
@@ -236,7 +223,7 @@ def measure(where, log: Callable[[str], None] = lambda m: None) -> dict:
     rc, out, both = where.run(["bench", "--runs", "5", "--warmup", "1", "--threads", "1", "--json"])
     if rc != 0:
         raise ArtifactError(f"{where.name}: bench failed (exit {rc}): {both[-200:]}")
-    runs = _runs_for(float(json.loads(out.strip().splitlines()[-1])["median_ms"]))
+    runs = _runs_for(_bench_json(out))
     for attempt in range(1, ATTEMPTS + 1):
         log(f"timing {len(counts)} thread counts ({', '.join(map(str, counts))}) on {where.name}, "
             f"{ROUNDS} alternating rounds of bench --runs {runs}")
@@ -293,13 +280,11 @@ def apply(result, option: str, timing: str | None, bench_on, verified: bool = Tr
     else:
         if timing == "device":
             from .deploy.engine import open_connector
+            from .selection import uploaded
             try:
-                with open_connector(bench_on.device, bench_on.options) as conn:
-                    where = _OnDevice(path, bench_on, conn)
-                    try:
-                        rec = measure(where, log)
-                    finally:
-                        where.close()
+                with open_connector(bench_on.device, bench_on.options) as conn, \
+                        uploaded(conn, bench_on, [path], "edgepack-threads") as remote:
+                    rec = measure(_OnDevice(remote[0], bench_on, conn), log)
             except DeployError as exc:
                 exc.hint = exc.hint or f"check the device with `edgepack check -d {bench_on.name}`"
                 raise
