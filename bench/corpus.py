@@ -183,12 +183,24 @@ def idle_default_threads(artifact: Path) -> int:
     return min(cores, cap) if cap else cores
 
 
+ROUND_MS = 200  # each side's timing round lasts at least this long
+
+
+def runs_for(sess, feeds: dict, runs: int) -> int:
+    """At least ``runs`` inferences per round, and enough that a round of a sub-millisecond model lasts
+    ROUND_MS: 20 runs of 0.1 ms fit inside the tail of onnxruntime's spinning workers from the round
+    before, and a 2-thread artifact then shares 2 cores with them (oww_melspectrogram: 0.33 ms in such
+    rounds, 0.10-0.13 ms alone)."""
+    return max(runs, min(20000, int(ROUND_MS / max(ort_median(sess, feeds, 5), 1e-3))))
+
+
 def side_by_side(entry: Entry, model: Path, artifact: Path, runs: int, rounds: int,
                  threads: int = 1) -> tuple[float, float]:
     """Best-of-rounds medians, artifact and onnxruntime alternating within each round, same threads;
     threads 0: each side's default (the artifact's on an idle machine, onnxruntime's intra-op default)."""
     sess, feeds = ort_session(model, threads), ort_inputs(entry, model)
     ours_threads = threads or idle_default_threads(artifact)
+    runs = runs_for(sess, feeds, runs)
     ours, theirs = [], []
     for _ in range(rounds):
         ours.append(artifact_median(artifact, runs, threads=ours_threads))
@@ -308,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="", help="comma-separated names from bench/corpus.toml (default: all)")
     ap.add_argument("--targets", default="x86_64,arm64")
-    ap.add_argument("--runs", type=int, default=20, help="inferences per timing round")
+    ap.add_argument("--runs", type=int, default=20, help="inferences per timing round, at least (a sub-millisecond model gets enough for ROUND_MS)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (best round is reported)")
     ap.add_argument("--threads", default="1",
                     help="thread counts to time, comma-separated (1 is always timed); 'default': each side's own "

@@ -22,7 +22,8 @@ from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
 from .fuse import batch_shared_products, gemv_as_gemm
 from .memory import without_winograd
-from . import fuse, rewrite, seq_first
+from .strided_conv import strided_convs_over_hops
+from . import fuse, rewrite, seq_first, strided_conv
 from .rewrite import VERSION as REWRITE_VERSION
 from .rewrite import rewrite_for_ncnn
 
@@ -103,7 +104,7 @@ def graph_code_digest() -> str:
     made by the old code (an experiment under an unbumped version number once did). A frozen edgepack
     ships no .py files: there the version numbers alone key it."""
     h = hashlib.sha256()
-    for module in (rewrite, seq_first, fuse):
+    for module in (rewrite, seq_first, fuse, strided_conv):
         src = Path(module.__file__)
         h.update(src.read_bytes() if src.suffix == ".py" and src.is_file() else module.__name__.encode())
     return h.hexdigest()[:16]
@@ -217,25 +218,23 @@ def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], 
 
 
 def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
-    """fuse.batch_shared_products, then fuse.gemv_as_gemm, on ``proto``: (the graph pnnx gets, the
-    rewrites it names)."""
+    """The speed rewrites on ``proto``, in order: fuse.batch_shared_products, fuse.gemv_as_gemm,
+    strided_conv.strided_convs_over_hops: (the graph pnnx gets, the rewrites it names)."""
     notes = []
-    try:
-        batched, removed = batch_shared_products(proto)
-    except Exception as exc:  # a rewrite bug must cost only the speed-up, not the build
-        log(f"batching shared-weight products failed ({type(exc).__name__}: {exc}); converting as is")
-        batched, removed = proto, 0
-    if removed:
-        log(f"batched shared-weight Gemm/MatMul: {removed} products fewer (one weight copy each)")
-        notes.append(f"batch_shared_products x{removed}")
-    try:
-        gemv, rows = gemv_as_gemm(batched)
-    except Exception as exc:
-        log(f"one-row products as Gemm failed ({type(exc).__name__}: {exc}); keeping them as MatMul")
-        gemv, rows = batched, 0
-    if rows:
-        notes.append(f"gemv_as_gemm x{rows}")
-    return gemv, tuple(notes)
+    for fn, what in ((batch_shared_products, "batching shared-weight products"),
+                     (gemv_as_gemm, "one-row products as Gemm"),
+                     (strided_convs_over_hops, "strided few-channel Conv1D over hop channels")):
+        try:
+            rewritten, count = fn(proto)
+        except Exception as exc:  # a rewrite bug must cost only the speed-up, not the build
+            log(f"{what} failed ({type(exc).__name__}: {exc}); converting without it")
+            continue
+        if count:
+            if fn is batch_shared_products:
+                log(f"batched shared-weight Gemm/MatMul: {count} products fewer (one weight copy each)")
+            notes.append(f"{fn.__name__} x{count}")
+            proto = rewritten
+    return proto, tuple(notes)
 
 
 def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[str, str]]:

@@ -22,7 +22,8 @@ from onnx import helper, numpy_helper
 
 from ...onnx_index import tensor_infos
 
-VERSION = 2  # part of the conversion cache key: bump when the rewritten graph changes; 2: gemv_as_gemm
+VERSION = 3  # part of the conversion cache key: bump when the rewritten graph changes; 2: gemv_as_gemm;
+# 3: strided_conv.strided_convs_over_hops
 
 
 def _attrs(node) -> tuple:
