@@ -5,7 +5,12 @@
  *
  * Options from the spec: tvm.entry (function name, default "main"), tvm.outputs (number of
  * outputs the VM returns, as a check). Threads: TVM's own thread pool, sized through
- * TVM_NUM_THREADS before the pool starts (a user's TVM_NUM_THREADS wins).
+ * TVM_NUM_THREADS before the pool starts (a user's TVM_NUM_THREADS wins). Its idle workers yield
+ * SPIN_YIELDS times (~0.5 ms at ~0.5 us a sched_yield) before sleeping, not TVM's 300000 (~170 ms):
+ * a worker spinning that long holds a core the ncnn segments of a split artifact want, and the
+ * process's exit waits for it (a pure-TVM oww_melspectrogram's `selftest --threads 2`: 0.20 s wall,
+ * 0.00 s with 1000). Steady-state latency is the same (0.23-0.26 ms at 2 threads either way). A
+ * user's TVM_THREAD_POOL_SPIN_COUNT wins.
  *
  * ISA levels (x86_64): tvm.isa lists extra copies of the kernels, best first, as
  * "x86-64-v4=edgepack_v4_;x86-64-v3=edgepack_v3_" (level=system-lib prefix); tvm.isa_base names
@@ -44,6 +49,8 @@
 #include <exception>
 #include <string>
 #include <vector>
+
+static const char SPIN_YIELDS[] = "1000";  /* TVM_THREAD_POOL_SPIN_COUNT unless the user set one (above) */
 
 namespace ffi = tvm::ffi;
 using tvm::runtime::Tensor;
@@ -206,6 +213,7 @@ int tvm_open(const ep_model_spec *spec, int threads, void **out, ep_status *st) 
         snprintf(buf, sizeof buf, "%d", threads);
         setenv("TVM_NUM_THREADS", buf, 1);
     }
+    setenv("TVM_THREAD_POOL_SPIN_COUNT", SPIN_YIELDS, 0);  /* read once, when the pool starts */
     tvm_engine *e = new (std::nothrow) tvm_engine();
     if (!e) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
     e->spec = spec;
