@@ -8,7 +8,11 @@ cores loses more.
 
 So the build times the finished artifact at 1, 2, 4, ... threads up to every core of the machine that
 times it (this one for a target it runs natively, the ``--bench-on`` device otherwise), alternating the
-counts within each round, and keeps the fewest threads whose median is within ``WITHIN`` of the best.
+counts within each round, and keeps the fewest threads whose best round is within ``WITHIN`` of the
+best count's. The best round, not the middle one: load only ever slows a round, and on an idle
+2-vCPU EPYC magika's 2-thread rounds came out 5.26, 8.59 and 8.78 ms against 8.67-9.02 on 1 thread,
+so the median capped it at 1 thread and its default ran 1.77x onnxruntime's instead of 1.07x
+(bench/corpus.py compares best rounds too).
 That count is written into the executable as its cap (``ep_thread_cap_slot`` in
 runtimes/common/ep_util.c: the marker below and three digits); when the most threads measured were the
 fastest there is no cap. The artifact was verified on 1 thread; before the cap is written, its selftest
@@ -25,7 +29,6 @@ import json
 import os
 import resource
 import shlex
-import statistics
 import threading
 from pathlib import Path
 from typing import Callable
@@ -93,6 +96,11 @@ def counts_for(cores: int) -> list[int]:
         out.append(c)
         c *= 2
     return out + [cores]
+
+
+def best_rounds(rounds: dict[int, list[float]]) -> dict[int, float]:
+    """Each count's fastest round (a round's value is its median): load only ever slows a round."""
+    return {c: min(r) for c, r in rounds.items()}
 
 
 def decide(medians: dict[int, float]) -> tuple[int, str]:
@@ -232,7 +240,7 @@ def measure(where, log: Callable[[str], None] = lambda m: None) -> dict:
             break
         log(f"other processes took {share:.0%} of the CPUs while timing" +
             ("; timing again" if attempt < ATTEMPTS else ""))
-    medians = {c: statistics.median(r) for c, r in rounds.items()}
+    medians = best_rounds(rounds)
     rec = {"measured_on": where.name, "counts": counts, "runs": runs, "rounds_ms": rounds, "medians_ms": medians,
            "others_cpu_share": None if share is None else round(share, 3), "selftest_failed": failed}
     if share is not None and share > BUSY_LIMIT:
