@@ -344,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table(rows) if args.markdown else text_table(rows))
         print(f"\n{summary(rows)} (edgepack {doc.get('edgepack_commit', '?')}, targets {doc['targets']}, "
               f"threads {','.join(['1', *thread_keys(rows)])}, "
-              f"best of {doc['rounds']} rounds of {doc['runs']} runs)")
+              f"best of {doc['rounds']} rounds of {doc['runs']} runs" +
+              (f" or {doc['round_ms']} ms, whichever is more)" if doc.get("round_ms") else ")"))
         return 0
     if args.list:
         for e in entries:
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         everything = sorted(kept + rows, key=lambda r: (order.index(r.model) if r.model in order else len(order), r.target))
         args.json.parent.mkdir(parents=True, exist_ok=True)
         commits = {r.commit for r in everything}   # None: a row from before rows carried their commit
-        args.json.write_text(json.dumps({"targets": ",".join(sorted({r.target for r in everything} - {"-"})), "runs": args.runs, "rounds": args.rounds,
+        args.json.write_text(json.dumps({"targets": ",".join(sorted({r.target for r in everything} - {"-"})), "runs": args.runs, "round_ms": ROUND_MS, "rounds": args.rounds,
                                          "edgepack_commit": next(iter(commits)) if len(commits) == 1 and None not in commits
                                          else "per row (several runs)",
                                          "rows": [r.__dict__ | {"ratio": r.ratio} for r in everything]}, indent=1))
