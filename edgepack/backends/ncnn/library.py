@@ -24,6 +24,7 @@ from ...errors import BuildError
 from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
+from .batch_reshape_patch import BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights
@@ -40,10 +41,12 @@ RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
 def _arch_patches(target: Target) -> tuple:
     """(cache-key name, version-digest, apply) of the source patches this arch's build applies (exact
-    division and buffers reused while loading everywhere; shared InnerProduct kernels on x86 and Arm;
-    the x86 kernels only on x86): one list for the key and the build, so they cannot disagree."""
+    division, buffers reused while loading and batch reshapes copied by rows everywhere; shared
+    InnerProduct kernels on x86 and Arm; the x86 kernels only on x86): one list for the key and the
+    build, so they cannot disagree."""
     every_arch = (("exact_div_patch", EXACT_DIV_PATCH_KEY, patch_exact_div),
-                  ("load_reuse_patch", LOAD_REUSE_PATCH_KEY, patch_load_reuse))
+                  ("load_reuse_patch", LOAD_REUSE_PATCH_KEY, patch_load_reuse),
+                  ("batch_reshape_patch", BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape))
     if target.arch == "aarch64":
         return every_arch + (("shared_weights_patch", SHARED_WEIGHTS_ARM_PATCH_KEY, patch_shared_weights_arm),)
     if target.arch != "x86_64":
