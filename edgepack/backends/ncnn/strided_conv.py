@@ -24,6 +24,7 @@ from onnx import helper
 MAX_IN_CHANNELS = 8
 MIN_HOP_CHANNELS = 16
 MAX_PADDED_SHARE = 1.5  # zero taps added to reach a whole number of hops, at most half the kernel
+MIN_OPSET = 11  # the hops' Slice takes its bounds and Pad its pads as inputs from opset 10 / 11 on
 
 
 def _hop_form(gr, node) -> tuple[int, int, int, int, int] | None:
@@ -50,7 +51,9 @@ def strided_conv_to_hop_channels(model) -> int:
     W' [O, C*s, 1, ceil(K/s)], stride 1) -> Reshape [1, O, F], where X is x cut into hops (Slice or zero
     Pad to M*s samples, Reshape, Transpose, Reshape). Convs reading the same signal with the same
     stride share one X."""
-    from .rewrite import _Graph, _apply
+    from .rewrite import _Graph, _apply, _opset
+    if model.opset_import and _opset(model) < MIN_OPSET:
+        return 0
     gr, plan, hops = _Graph(model), {}, {}
     for pos, node in enumerate(list(gr.g.node)):
         if node.op_type != "Conv":
