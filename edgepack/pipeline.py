@@ -100,6 +100,9 @@ class Check:
                              "rel_err": _num(c.rel_err), "cosine": c.cosine, "ok": c.ok} for c in self.comparisons]}
 
 
+_CONTROL_FLOW = ("Loop", "Scan", "If")  # named first in a refusal, in this order: their bodies hold the others
+
+
 def _badness(c: Comparison) -> float:
     """How close to failing: error over bound, and cosine shortfall on the same scale."""
     if not c.shape_ok:
@@ -254,7 +257,8 @@ def backend_candidates(model: LoadedModel, target: Target, requested: str) -> li
             continue
         unsupported = registered[name].unsupported_ops(model)
         if unsupported:
-            op, nodes = next(iter(sorted(unsupported.items())))
+            # a loop, then a branch, first: the ops inside their bodies are refused only for being there
+            op, nodes = min(unsupported.items(), key=lambda kv: (_CONTROL_FLOW.index(kv[0]) if kv[0] in _CONTROL_FLOW else len(_CONTROL_FLOW), kv[0]))
             more = f" (+{len(unsupported) - 1} more op types)" if len(unsupported) > 1 else ""
             out.append((name, f"{name} cannot build op {op} (node {nodes[0]}){more}"))
         else:
@@ -479,6 +483,10 @@ def _build_candidates(prep, target, opts, tc, log, candidates, reasons, rejected
     op_refusals = [r for _, r in candidates if r is not None and " cannot build op " in r]
     if last is None and op_refusals and len(op_refusals) == len(candidates) or isinstance(last, UnsupportedOpError):
         code, hint = UnsupportedOpError.exit_code, "see `edgepack inspect MODEL` for op support per backend"
+        if any(f" cannot build op {op} " in r for r in op_refusals for op in ("Loop", "Scan")):
+            hint = ("the model loops over data (an autoregressive decoder, say), which neither backend compiles: "
+                    "export the loop's body as its own model and step it from your code, or export with a "
+                    "fixed number of steps; " + hint)
     elif last is not None:
         code, hint = last.exit_code, last.hint
     else:
