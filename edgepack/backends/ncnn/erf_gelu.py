@@ -130,10 +130,5 @@ def erf_gelu_to_gelu(model: onnx.ModelProto) -> int:
 
 def erf_gelus_as_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """erf_gelu_to_gelu on a copy, the replaced constants dropped: (the copy, how many it rewrote)."""
-    from .rewrite import remove_dead_nodes
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    count = erf_gelu_to_gelu(out)
-    if count:
-        remove_dead_nodes(out)
-    return out, count
+    from .rewrite import on_copy
+    return on_copy(erf_gelu_to_gelu, model)

@@ -585,6 +585,17 @@ def _opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
+def on_copy(rewrite, model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``rewrite`` (in place, returning how many places it changed) on a copy of ``model``, then what
+    nothing reads any more dropped: (the copy, the count)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    count = rewrite(out)
+    if count:
+        remove_dead_nodes(out)
+    return out, count
+
+
 def remove_dead_nodes(model: onnx.ModelProto) -> int:
     """Drop nodes and initializers nothing reads (the transposes a rewrite bypassed)."""
     g = model.graph

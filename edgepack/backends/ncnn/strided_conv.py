@@ -111,10 +111,5 @@ def _hops(gr, x: str, c: int, length: int, s: int, m: int) -> tuple[list, str]:
 def strided_convs_over_hops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """strided_conv_to_hop_channels on a copy, the replaced kernels dropped: (the copy, how many Convs
     it rewrote)."""
-    from .rewrite import remove_dead_nodes
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    count = strided_conv_to_hop_channels(out)
-    if count:
-        remove_dead_nodes(out)
-    return out, count
+    from .rewrite import on_copy
+    return on_copy(strided_conv_to_hop_channels, model)
