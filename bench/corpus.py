@@ -254,7 +254,7 @@ def text_table(rows: list[Row]) -> str:
     out = [head]
     for r in rows:
         note = "" if r.ok else (r.error or "")[:160]
-        if r.ok and r.skipped:
+        if r.ok and r.skipped and r.backend != "ncnn":  # (an NCNN build skipped only what comes after it)
             note = "fell back: " + r.skipped[0][:140]
         out.append(f"{r.model:18} {r.target:8} {r.backend or 'FAILED':10} {r.precision or '-':5} "
                    f"{_fmt(r.max_abs_err, '.2e'):>9} {_fmt(r.bound, '.1e'):>8} {_fmt(r.build_s, '.0f'):>8} "
