@@ -1,11 +1,11 @@
-"""ncnn's x86 1x1 convolutions and 3x3 ones with few input channels run edgepack's direct kernel
+"""ncnn's x86 1x1 and 2x2 convolutions and 3x3 ones with few input channels run edgepack's direct kernel
 (edgepack/backends/ncnn/direct_conv_patch.py: 16 lanes on AVX-512, 8 on CPUs with FMA and F16C, such as
 Haswell) and give onnxruntime's answer, on 1 and 2 threads; SSE CPUs (Nehalem) keep ncnn's kernels and
 must agree too. The layers reach every variant of the kernel: input packed 1, 4, 8 and 16 channels
 per pixel; output packed 8 and 16; one or two registers of output channels, with an 8-channel
 half-block; 3x3 at stride 1 and 2, without padding and with a border the kernel adds row by row
 (even, and bottom-right only as TensorFlow exports "SAME"); 1x1 unpadded (runs of pixels) and padded
-(rows); rows of 12-, 4- and 1-pixel blocks (6-, 2- and 1-pixel with 8 lanes); a fused activation; and, next to them, layers just past the break-even (16 channels
+(rows); 2x2 at stride 1, padded right and bottom as PP-HGNet's stem is, and unpadded; rows of 12-, 4- and 1-pixel blocks (6-, 2- and 1-pixel with 8 lanes); a fused activation; and, next to them, layers just past the break-even (16 channels
 at stride 1, 128 at stride 2) and a 1x1 to 12 channels, which keep ncnn's Winograd and GEMM."""
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ LAYERS = [(16, 3, 2, 1, False),   # 3 -> 16: packed 1 in, 16 out, one register; 
           (96, 3, 2, (0, 0, 1, 1), True),  # 48 -> 96: packed 16 in and out, three blocks of 32; 7 x 8
           (32, 3, 2, 1, False),   # 96 -> 32: the largest input the kernel takes at stride 2
           (128, 1, 1, 0, False),
-          (64, 3, 2, 1, False)]   # 128 -> 64: ncnn's GEMM (past the break-even)
+          (64, 3, 2, 1, False),   # 128 -> 64: ncnn's GEMM (past the break-even)
+          (32, 2, 1, (0, 0, 1, 1), True),  # 2x2 64 -> 32 padded right and bottom (PP-HGNet's stem): packed 16 in and out
+          (24, 2, 1, 0, False)]   # 2x2 32 -> 24 unpadded: 16 + 8 channels
 H, W = 50, 57
 
 
@@ -64,13 +66,14 @@ def test_direct_kernel_layers_match_onnxruntime_on_every_x86_cpu(direct_model, t
     assert_matches_onnxruntime_on_every_cpu(direct_model, art, x, tmp_path)
 
 
-def _fma_order(x, w, b):
-    """The kernel's arithmetic for a stride-1 layer padded to keep its size: per output, the bias,
-    then one fused multiply-add per (ic, ky, kx) in that order, rounded to fp32 each time (the fp64
-    product of two fp32 values is exact)."""
+def _fma_order(x, w, b, pad=None):
+    """The kernel's arithmetic for a stride-1 layer (padded to keep its size unless `pad` says): per
+    output, the bias, then one fused multiply-add per (ic, ky, kx) in that order, rounded to fp32 each
+    time (the fp64 product of two fp32 values is exact)."""
     cout, cin, k = w.shape[:3]
-    xp = np.pad(x[0].astype(np.float64), ((0, 0), (k // 2, k // 2), (k // 2, k // 2)))
-    hh, ww = x.shape[2], x.shape[3]
+    pad = k // 2 if pad is None else pad
+    xp = np.pad(x[0].astype(np.float64), ((0, 0), (pad, pad), (pad, pad)))
+    hh, ww = x.shape[2] + 2 * pad - k + 1, x.shape[3] + 2 * pad - k + 1
     acc = np.broadcast_to(b[:, None, None], (cout, hh, ww)).astype(np.float32)
     for ic in range(cin):
         for ky in range(k):
@@ -81,7 +84,7 @@ def _fma_order(x, w, b):
 
 
 def test_avx512_and_avx2_cpus_run_the_direct_kernel(tmp_path):
-    """A 12 -> 24 3x3 stride-1 layer, then a 24 -> 32 1x1: where the kernel runs, the output is bit for
+    """A 12 -> 24 3x3 stride-1 layer, a 24 -> 32 1x1, then a 32 -> 16 2x2: where the kernel runs, the output is bit for
     bit its order of fused multiply-adds. It runs on AVX-512 (16 lanes) and on CPUs with FMA and F16C
     (8 lanes, AVX2 class: qemu's Haswell, and this machine capped with isa=avx2). An SSE CPU (Nehalem)
     runs ncnn's kernels, the first layer as Winograd, which is not that order; this machine capped
@@ -91,19 +94,22 @@ def test_avx512_and_avx2_cpus_run_the_direct_kernel(tmp_path):
     b = (rng.standard_normal(24) * 0.1).astype(np.float32)
     w1 = (rng.standard_normal((32, 24, 1, 1)) / 5).astype(np.float32)
     b1 = (rng.standard_normal(32) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((16, 32, 2, 2)) / 11).astype(np.float32)
+    b2 = (rng.standard_normal(16) * 0.1).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w", "b"], ["h"], kernel_shape=[3, 3], pads=[1] * 4),
-         helper.make_node("Conv", ["h", "w1", "b1"], ["y"], kernel_shape=[1, 1])], "two",
+         helper.make_node("Conv", ["h", "w1", "b1"], ["h1"], kernel_shape=[1, 1]),
+         helper.make_node("Conv", ["h1", "w2", "b2"], ["y"], kernel_shape=[2, 2])], "two",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 20, 29])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 20, 29])],
-        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (w1, "w1"), (b1, "b1"))])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 19, 28])],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "two.onnx")
     art = build_fp32_ncnn(tmp_path / "two.onnx", tmp_path / "out", "--no-simplify")
     x = rng.standard_normal((1, 12, 20, 29)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    exact = _fma_order(_fma_order(x, w, b), w1, b1)
+    exact = _fma_order(_fma_order(_fma_order(x, w, b), w1, b1), w2, b2, pad=0)
     got = {cpu: _run(art, cpu, 1, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-")).reshape(exact.shape)
            for cpu in ("native", "native isa=avx2", "Haswell-noTSX", "Nehalem", "native isa=sse")}
     for cpu in ("native isa=avx2", "Haswell-noTSX"):

@@ -62,3 +62,10 @@ def test_x86_lean_hands_every_layer_the_direct_kernel_takes_to_it():
     assert saved == 32 * 32 * 64 * 4 - 9216 * 4  # s1's F(6,3) kernel; s2 and pw had none
     # Arm has no direct kernel: only the large-kernel rule applies
     assert lean_param(DIRECT_PARAM)[1] == []
+
+
+def test_lean_hands_2x2_stride_1_layers_to_the_direct_kernel_too():
+    from edgepack.backends.ncnn.memory import direct_kernel_takes
+    assert direct_kernel_takes({"0": "16", "1": "2", "6": "512"})               # PP-HGNet's stem
+    assert not direct_kernel_takes({"0": "16", "1": "2", "3": "2", "6": "512"})  # stride 2
+    assert not direct_kernel_takes({"0": "16", "1": "2", "11": "3", "6": "768"})  # 2x3

@@ -8,7 +8,7 @@ feature maps), where Winograd also gains the least; ncnn's per-layer feature mas
 bit 6) turns Winograd off for one layer, which then runs as im2col + sgemm on its plain weights.
 
 On x86 the bit also hands a layer to the direct kernel (direct_conv_patch.py) wherever that kernel
-can run it (3x3 at stride 1 or 2, 1x1 at stride 1, output channels a multiple of 8), whatever the
+can run it (3x3 at stride 1 or 2, 1x1 and 2x2 at stride 1, output channels a multiple of 8), whatever the
 break-even: it needs no transformed kernel and no im2col or GEMM workspace, and keeps its weights as
 fp16 when they convert exactly (as pnnx stores them). nudenet_320n: peak RSS 0.96 of the model's
 need (2.09 before; `fast` 2.55), for 12% of speed on 1 thread and none on 2 (docs/backends.md, Memory).
@@ -53,12 +53,12 @@ def winograd_bytes(fields: dict[str, str]) -> tuple[int, int]:
 def direct_kernel_takes(fields: dict[str, str]) -> bool:
     """Whether the x86 direct kernel (direct_conv_patch.py, `ep_c3_wanted`) runs this Convolution in
     lean mode: fp32 weights in the file, dilation 1, equal strides, output channels a multiple of 8,
-    3x3 at stride 1 or 2 or 1x1 at stride 1."""
+    3x3 at stride 1 or 2, or 1x1 or 2x2 at stride 1."""
     g = _geometry(fields)
     kw, kh, sw = g["kw"], g["kh"], g["sw"]
     if g["dynamic"] or g["int8"] or g["cout"] <= 0 or g["cout"] % 8 or (g["dw"], g["dh"]) != (1, 1) or sw != g["sh"]:
         return False
-    return (kw, kh) == (3, 3) and sw in (1, 2) or (kw, kh, sw) == (1, 1, 1)
+    return (kw, kh) == (3, 3) and sw in (1, 2) or kw == kh and kw <= 2 and sw == 1
 
 
 def lean_param(text: str, limit: int = KERNEL_LIMIT, direct: bool = False) -> tuple[str, list[str], int]:
