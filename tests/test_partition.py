@@ -409,3 +409,40 @@ def test_auto_offers_the_split_after_ncnn(tmp_path):
     assert with_split([("ncnn", None), ("tvm", "tvm cannot build op LSTM")], split, target, "auto") == \
         [("ncnn", None), ("tvm", "tvm cannot build op LSTM")]
     assert with_split([], split, target, SPLIT) == [(SPLIT, None)]  # verify-build of a split artifact
+
+
+def test_a_constant_output_leaves_the_split_for_a_whole_graph_build(tmp_path):
+    """onnx-asr's log-mel front ends return features_lens = ConstantOfShape(Shape(lens)), a constant once
+    the input shapes are fixed. The split's slot table holds only what segments write, so the split
+    refuses such a graph by name and auto keeps the whole-graph TVM build, which returns it."""
+    rng = np.random.default_rng(RNG_SEED + 3)
+    c1, i1 = _conv("conv1", "x", "c1", 3, 8, rng)
+    nodes = [c1, helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("CumSum", ["r1", "axis"], ["y"]),
+             helper.make_node("Shape", ["lens"], ["lens_shape"]),
+             helper.make_node("ConstantOfShape", ["lens_shape"], ["frames"],
+                              value=helper.make_tensor("v", TensorProto.INT64, [1], [3000]))]
+    inits = i1 + [numpy_helper.from_array(np.array(3, np.int64), "axis")]
+    g = helper.make_graph(nodes, "const_out", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16]),
+                                               helper.make_tensor_value_info("lens", TensorProto.INT64, ["batch"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16]),
+                           helper.make_tensor_value_info("frames", TensorProto.INT64, ["batch"])], inits)
+    model = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "const_out.onnx")
+    proc = run_edgepack("build", str(model), "--target", "x86_64", "--input-shape", "lens=1", "--out",
+                        str(tmp_path / "dist"), "--json", "--select", "first")
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
+    assert report["results"][0]["backend"] == "tvm", report["results"][0]
+    assert "output frames is a constant, which no segment computes" in proc.stderr, proc.stderr[-3000:]
+    art = tmp_path / "dist" / "const_out-x86_64"
+    x = np.random.default_rng(4).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "lens.npy", np.array([7], np.int64))
+    out = tmp_path / "out"
+    run = subprocess.run([str(art), "run", "--input", f"x={tmp_path / 'x.npy'}", "--input", f"lens={tmp_path / 'lens.npy'}",
+                          "--output", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "lens": np.array([7], np.int64)})
+    np.testing.assert_allclose(np.load(out / "y.npy").reshape(want[0].shape), want[0], rtol=1e-4, atol=1e-4)
+    assert np.load(out / "frames.npy").reshape(-1).tolist() == [3000]

@@ -1,0 +1,117 @@
+"""ONNX's STFT op as a convolution: neither backend takes STFT (ncnn has no layer; TVM 0.27's relax
+importer has no converter), and audio front ends written with OnnxScript use it (onnx-asr's Whisper
+and NeMo log-mel preprocessors: a Hann window of 400 samples, hop 160).
+
+For a real signal, frame f's bin k is X[f, k] = sum over n of x[f * step + n] w[n] e^(-2 pi i k n / N):
+a 1-D convolution over the signal with stride `step` and 2 x bins kernels of length N, w[n] cos(2 pi k n / N)
+for the real parts and -w[n] sin(2 pi k n / N) for the imaginary ones. So
+    signal [B, L] or [B, L, 1] -> [B, 1, L] -> Conv(stride step) [B, 2 x bins, F] -> Reshape [B, 2, bins, F]
+    -> Transpose [B, F, bins, 2]
+is STFT's output, frames F = (L - N) / step + 1 as the op defines them. The sums are the DFT's, added in a
+different order than onnxruntime's FFT (the build verifies against it, as for any kernel), and the NCNN
+backend then runs the convolution over hop channels (backends/ncnn/strided_conv.py).
+
+Lowered only where the frame step, the window and the frame length are constants (as every exporter
+writes them), the signal is real float32 and its rank is known; any other STFT stays, and the backends
+refuse it by name as before.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .model import LoadedModel, _with
+from .onnx_index import constants, tensor_infos
+
+
+def lower_stft(model: LoadedModel) -> LoadedModel:
+    """The model with each qualifying STFT computed as a Conv; unchanged without one."""
+    if "STFT" not in model.ops():
+        return model
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    lowered, kept = _lower(proto)
+    if not lowered:
+        return model
+    note = f"STFT as a strided convolution: {lowered} node(s)"
+    if kept:
+        note += f"; {kept} left (a computed window, step or length, a complex or non-float32 signal)"
+    return _with(model, proto, note)
+
+
+def dft_kernels(window: np.ndarray, n: int, onesided: bool) -> np.ndarray:
+    """[2 x bins, 1, n] float32: the windowed cosines (real parts), then the negated windowed sines."""
+    bins = n // 2 + 1 if onesided else n
+    t = np.arange(n, dtype=np.float64)
+    angle = 2 * np.pi * np.outer(np.arange(bins), t) / n
+    real = np.cos(angle) * window
+    imag = -np.sin(angle) * window
+    return np.concatenate([real, imag])[:, None, :].astype(np.float32)
+
+
+def _form(node, consts, infos) -> tuple[np.ndarray, int, int, int, bool] | None:
+    """(window, n, step, signal rank, onesided) of an STFT this lowering takes, else None."""
+    if node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    onesided = bool(attrs.get("onesided", 1))
+    step = consts.get(node.input[1])
+    window = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    length = consts.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+    if step is None or step.size != 1 or (len(node.input) > 2 and node.input[2] and window is None) \
+            or (len(node.input) > 3 and node.input[3] and length is None):
+        return None
+    if window is None and length is None:
+        return None
+    n = int(length.reshape(-1)[0]) if length is not None else int(window.size)
+    if window is None:
+        window = np.ones(n)
+    if window.ndim != 1 or window.size != n or n < 1 or int(step.reshape(-1)[0]) < 1:
+        return None
+    info = infos.get(node.input[0])
+    if info is None or info.dims is None or info.elem_type != TensorProto.FLOAT:
+        return None
+    rank = len(info.dims)
+    if rank not in (2, 3) or (rank == 3 and info.dims[2] != 1):
+        return None  # [B, L, 2] is a complex signal
+    return window.astype(np.float64), n, int(step.reshape(-1)[0]), rank, onesided
+
+
+def _lower(proto: onnx.ModelProto) -> tuple[int, int]:
+    graph = proto.graph
+    consts, infos = constants(proto), tensor_infos(proto)
+    nodes, lowered, kept = [], 0, 0
+    for k, node in enumerate(graph.node):
+        if node.op_type != "STFT":
+            nodes.append(node)
+            continue
+        form = _form(node, consts, infos)
+        if form is None:
+            nodes.append(node)
+            kept += 1
+            continue
+        window, n, step, rank, onesided = form
+        base = f"{node.name or f'stft{k}'}__ep_stft"
+        kernels = dft_kernels(window, n, onesided)
+        bins = kernels.shape[0] // 2
+        graph.initializer.extend([
+            numpy_helper.from_array(kernels, f"{base}_kernels"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), f"{base}_axis1"),
+            numpy_helper.from_array(np.array([0, 2, bins, -1], dtype=np.int64), f"{base}_shape")])
+        x = node.input[0]
+        if rank == 2:
+            nodes.append(helper.make_node("Unsqueeze", [x, f"{base}_axis1"], [f"{base}_signal"]))
+        else:
+            nodes.append(helper.make_node("Transpose", [x], [f"{base}_signal"], perm=[0, 2, 1]))
+        nodes += [helper.make_node("Conv", [f"{base}_signal", f"{base}_kernels"], [f"{base}_bins"],
+                                   kernel_shape=[n], strides=[step]),
+                  helper.make_node("Reshape", [f"{base}_bins", f"{base}_shape"], [f"{base}_parts"]),
+                  helper.make_node("Transpose", [f"{base}_parts"], [node.output[0]], perm=[0, 3, 2, 1])]
+        lowered += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    if lowered:
+        # shapes recorded for the old graph (onnxsim writes them) may disagree with the new nodes' inference
+        del graph.value_info[:]
+    return lowered, kept
