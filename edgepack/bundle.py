@@ -132,6 +132,8 @@ def generate_sources(req: BundleRequest) -> tuple[Path, Path]:
     mblobs = [add(f"ep_blob_model{i}", p, f"model{i}{p.suffix}") for i, p in enumerate(req.engine.model_blobs)]
     seg_blobs = [[add(f"ep_blob_s{k}_model{i}", p, f"s{k}_model{i}{p.suffix}") for i, p in enumerate(seg.model_blobs)]
                  for k, seg in enumerate(req.segments or req.engine.segments)]
+    consts = [(s, add(f"ep_blob_const{i}", np.ascontiguousarray(req.golden_outputs[s.name]).tobytes(), f"const{i}.bin"))
+              for i, s in enumerate(constant_outputs(req))]
 
     asm = wd / "blobs.S"
     asm.write_text(_blob_asm(symbols, 64 if req.target.triple.arch != "arm" else 32))
@@ -166,19 +168,28 @@ const ep_model_spec ep_spec = {{
     .golden_inputs = golden_in, .golden_outputs = golden_out,
     .n_model_blobs = {len(mblobs)}, .model_blobs = model_blobs,
 }};
-""" + _segment_table(req, seg_blobs, blob)
+""" + _segment_table(req, seg_blobs, blob, consts)
     spec = wd / "spec.c"
     spec.write_text(spec_c)
     return asm, spec
 
 
-def _segment_table(req: BundleRequest, seg_blobs: list[list[str]], blob) -> str:
-    """C for ep_segments: slots 0..n-1 are the model's inputs, then each segment's outputs."""
+def constant_outputs(req: BundleRequest) -> list[TensorSpec]:
+    """The model outputs no segment of a partitioned build writes and no input is: constants (onnx-asr's
+    features_lens once the input shapes are fixed), whose value is the golden run's."""
+    given = req.segments or req.engine.segments
+    written = {s.name for s in req.inputs} | {o.name for seg in given for o in seg.outputs}
+    return [s for s in req.outputs if given and s.name not in written]
+
+
+def _segment_table(req: BundleRequest, seg_blobs: list[list[str]], blob, consts: list) -> str:
+    """C for ep_segments: slots 0..n-1 are the model's inputs, then its constant outputs (filled at
+    open from their blobs), then each segment's outputs."""
     given = req.segments or req.engine.segments
     segments = given or (BundleSegment(req.engine.backend, req.inputs, req.outputs, {}),)
     slots: dict[str, int] = {}
     slot_specs: list[TensorSpec] = []
-    for s in req.inputs + tuple(o for seg in segments for o in seg.outputs):
+    for s in req.inputs + tuple(c for c, _ in consts) + tuple(o for seg in segments for o in seg.outputs):
         if s.name in slots:
             raise ValueError(f"tensor {s.name} is written twice in the segment table")
         slots[s.name] = len(slot_specs)
@@ -215,14 +226,19 @@ static const ep_model_spec s{k}_spec = {{
 """)
         rows.append(f"    {{&ep_engine_ops_{seg.backend}, &s{k}_spec, s{k}_in, s{k}_out}},")
     model_out = ", ".join(str(slots[s.name]) for s in req.outputs)
+    const_slots = ", ".join(str(slots[c.name]) for c, _ in consts) or "0"
+    const_data = ", ".join(blob(sym) for _, sym in consts) or "{0, 0}"
     out.append(f"""static const ep_segment segments[] = {{
 {chr(10).join(rows)}
 }};
 static const int model_out_slots[] = {{{model_out}}};
+static const int const_slots[] = {{{const_slots}}};
+static const ep_blob const_data[] = {{ {const_data} }};
 const ep_segment_table ep_segments = {{
     .n_slots = {len(slot_specs)}, .slots = slot_specs,
     .n_segments = {len(segments)}, .segments = segments,
     .output_slots = model_out_slots,
+    .n_consts = {len(consts)}, .const_slots = const_slots, .const_data = const_data,
 }};
 """)
     return "\n".join(out)

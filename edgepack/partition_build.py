@@ -196,12 +196,6 @@ class SplitBackend:
         return get_backend("ncnn").missing_tools() + get_backend("tvm").missing_tools()
 
     def compile(self, req: CompileRequest) -> EngineBuild:
-        constant = constant_outputs(req.model.proto)
-        if constant:
-            # the segment table's slots hold the model's inputs and what segments write; a whole-graph
-            # build returns a constant output as any other (onnx-asr's features_lens, once shapes are fixed)
-            raise PlanError(f"{req.model.path.name}: output {constant[0]} is a constant, which no segment "
-                            "computes; a whole-graph build returns it")
         force: dict[str, str] = {}
         p = plan_for(req.model, req.target)
         if p is None:
@@ -236,13 +230,6 @@ class SplitBackend:
 
 
 SPLIT_BACKEND = SplitBackend()
-
-
-def constant_outputs(proto) -> list[str]:
-    """The graph outputs that are initializers or Constant nodes' outputs."""
-    consts = {i.name for i in proto.graph.initializer}
-    consts |= {n.output[0] for n in proto.graph.node if n.op_type == "Constant"}
-    return [o.name for o in proto.graph.output if o.name in consts]
 
 
 def with_split(candidates: list[tuple[str, str | None]], model, target: Target, requested: str):

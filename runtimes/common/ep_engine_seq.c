@@ -50,6 +50,15 @@ static int check_table(const ep_model_spec *spec, const ep_segment_table *t, ep_
         if (!same_io(&t->slots[i], &spec->inputs[i]))
             rc = ep_fail(st, EP_ERR_MODEL, "segment table: slot %d does not match input %s", i, spec->inputs[i].name);
     }
+    if (!rc && (t->n_consts < 0 || t->n_consts > t->n_slots || (t->n_consts && (!t->const_slots || !t->const_data))))
+        rc = ep_fail(st, EP_ERR_MODEL, "segment table: %d constant slots, damaged", t->n_consts);
+    for (int c = 0; c < t->n_consts && !rc; c++) {
+        int k = t->const_slots[c];
+        if (k < spec->n_inputs || k >= t->n_slots || written[k] || !t->const_data[c].data || !t->const_data[c].size)
+            rc = ep_fail(st, EP_ERR_MODEL, "segment table: constant %d fills slot %d, which is taken or unset", c, k);
+        else
+            written[k] = 1;
+    }
     for (int s = 0; s < t->n_segments && !rc; s++) {
         const ep_segment *g = &t->segments[s];
         if (!g->engine || !g->spec || (g->spec->n_inputs && !g->input_slots) || !g->output_slots) {
@@ -146,6 +155,14 @@ int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_s
     }
     for (int k = spec->n_inputs; k < t->n_slots && !rc; k++)
         rc = ep_tensor_alloc(&e->slots[k], t->slots[k].dtype, t->slots[k].ndim, t->slots[k].shape, st);
+    for (int c = 0; c < t->n_consts && !rc; c++) {
+        ep_tensor *slot = &e->slots[t->const_slots[c]];
+        if (*t->const_data[c].size != (uint64_t)slot->nbytes)
+            rc = ep_fail(st, EP_ERR_MODEL, "segment table: constant %d holds %llu bytes for a %zu-byte slot", c,
+                         (unsigned long long)*t->const_data[c].size, slot->nbytes);
+        else if (slot->nbytes)
+            memcpy(slot->data, t->const_data[c].data, slot->nbytes);
+    }
     for (int s = 0; s < t->n_segments && !rc; s++) {
         const ep_segment *g = &t->segments[s];
         rc = g->engine->open(g->spec, threads, &e->handles[s], st);
@@ -177,6 +194,8 @@ static int direct_output(const ep_engine *e, int j) {
     if (k < e->spec->n_inputs) return -1;
     for (int i = 0; i < j; i++)
         if (t->output_slots[i] == k) return -1;
+    for (int c = 0; c < t->n_consts; c++)
+        if (t->const_slots[c] == k) return -1; /* filled at open: copied out, never lent */
     return k;
 }
 

@@ -41,6 +41,11 @@ typedef struct {
     int n_segments;
     const ep_segment *segments;
     const int *output_slots; /* model output i is slot output_slots[i] (ep_spec.n_outputs entries) */
+    /* model outputs that are constants (no segment computes them: onnx-asr's features_lens once the
+     * input shapes are fixed): slot const_slots[c] is filled once at open with const_data[c]'s bytes */
+    int n_consts;
+    const int *const_slots;
+    const ep_blob *const_data;
 } ep_segment_table;
 
 extern const ep_engine_ops ep_engine_ops_ncnn; /* runtimes/ncnn/ep_engine_ncnn.c */
