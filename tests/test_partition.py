@@ -190,12 +190,18 @@ static const ep_engine_ops fake_a = {"a", f_open, f_run, f_close, f_describe};
 static const ep_engine_ops fake_b = {"b", f_open, f_run, f_close, f_describe};
 #define IO(n) {n, EP_F32, 2, {2, 3}}
 static const ep_io_spec x[] = {IO("x")}, p[] = {IO("p")}, q[] = {IO("q")}, pq[] = {IO("p"), IO("q")}, y[] = {IO("y")};
+#ifdef CONSTS
+#define NOUT 4
+static const ep_io_spec outs[] = {IO("y"), IO("p"), IO("y2"), IO("c")};
+#else
+#define NOUT 3
 static const ep_io_spec outs[] = {IO("y"), IO("p"), IO("y2")};
+#endif
 static const ep_blob nog[] = {{0, 0}, {0, 0}};
 #define SPEC(i, ni, o, no) {.model_name = "m", .target = "t", .backend = "fake", .n_inputs = ni, .inputs = i, \
                             .n_outputs = no, .outputs = o, .golden_inputs = nog, .golden_outputs = nog}
 static const ep_model_spec s0 = SPEC(x, 1, p, 1), s1 = SPEC(p, 1, q, 1), s2 = SPEC(pq, 2, y, 1);
-const ep_model_spec ep_spec = SPEC(x, 1, outs, 3);
+const ep_model_spec ep_spec = SPEC(x, 1, outs, NOUT);
 /* x(0) -a-> p(1) -b-> q(2); a(p, q) -> y(3); outputs y, p, y again */
 static const int i0[] = {0}, o0[] = {1}, i1[] = {1}, o1[] = {2}, o2[] = {3};
 #ifdef DAMAGED
@@ -204,21 +210,37 @@ static const int I2[] = {1, 3}; /* q read from y's slot, before anything wrote i
 static const int I2[] = {1, 2};
 #endif
 static const ep_segment segs[] = {{&fake_a, &s0, i0, o0}, {&fake_b, &s1, i1, o1}, {&fake_a, &s2, I2, o2}};
+#ifdef CONSTS
+/* output c: a constant in slot 4, filled at open (a wrong byte count is refused) */
+static const ep_io_spec slots[] = {IO("x"), IO("p"), IO("q"), IO("y"), IO("c")};
+static const int out_slots[] = {3, 1, 3, 4}, const_slots[] = {4};
+static const float cvals[6] = {7, 8, 9, 10, 11, 12};
+#ifdef CONSTS_DAMAGED
+static const uint64_t cvals_size = 20;
+#else
+static const uint64_t cvals_size = sizeof cvals;
+#endif
+static const ep_blob const_data[] = {{(const unsigned char *)cvals, &cvals_size}};
+const ep_segment_table ep_segments = {.n_slots = 5, .slots = slots, .n_segments = 3, .segments = segs,
+                                      .output_slots = out_slots, .n_consts = 1, .const_slots = const_slots,
+                                      .const_data = const_data};
+#else
 static const ep_io_spec slots[] = {IO("x"), IO("p"), IO("q"), IO("y")};
 static const int out_slots[] = {3, 1, 3};
 const ep_segment_table ep_segments = {4, slots, 3, segs, out_slots};
+#endif
 int main(void) {
     ep_status st = {0}; ep_engine *e = NULL;
     int rc = ep_engine_open(&ep_spec, 1, &e, &st);
     if (rc) { printf("open failed: %s\n", st.message); return rc; }
     printf("describe: %s\n", ep_engine_describe());
-    ep_tensor in[1], out[3]; int64_t shape[2] = {2, 3};
+    ep_tensor in[1], out[NOUT]; int64_t shape[2] = {2, 3};
     ep_tensor_alloc(&in[0], EP_F32, 2, shape, &st);
     for (int run = 0; run < 3; run++) {
         for (int i = 0; i < 6; i++) ((float *)in[0].data)[i] = (float)(i + run);
         if (ep_alloc_outputs(&ep_spec, out, &st)) return 9;
         if ((rc = ep_engine_run(e, in, out, &st))) { printf("run failed: %s\n", st.message); return rc; }
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < NOUT; k++) {
             printf("out%d:", k);
             for (int i = 0; i < 6; i++) printf(" %g", ((float *)out[k].data)[i]);
             printf("\n");
@@ -259,6 +281,17 @@ def test_seq_engine_passes_tensors_by_slot(tmp_path):
             got = np.array([float(v) for v in lines[1 + run * 3 + k].split(":")[1].split()])
             np.testing.assert_array_equal(got, want[k])
     assert "AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+
+
+def test_seq_engine_returns_constant_slots(tmp_path):
+    proc = _seq_harness(tmp_path, "-DCONSTS")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("out3:")]
+    assert lines == ["out3: 7 8 9 10 11 12"] * 3, proc.stdout  # every run, the callers' tensors filled
+    assert "AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+    bad = _seq_harness(tmp_path, "-DCONSTS", "-DCONSTS_DAMAGED")
+    assert bad.returncode == 4, bad.stdout + bad.stderr  # EP_ERR_MODEL
+    assert "open failed: segment table: constant 0 holds 20 bytes for a 24-byte slot" in bad.stdout
 
 
 def test_seq_engine_refuses_a_damaged_table(tmp_path):
