@@ -122,6 +122,7 @@ def _structured(op, spec, out, tmp_path):
     ("Einsum", "einsum", [1, 8, 6, 6]),
     ("LeakyRelu", {"alpha": 0.1}, [1, 8, 6, 6]),
     ("ReduceMean", {"axes": [2, 3], "keepdims": 1}, [1, 8, 1, 1]),
+    ("ReduceSumSquare", {"axes": [-1], "keepdims": 0}, [1, 8, 6]),  # a power spectrum's re^2 + im^2
 ])
 def test_structured_ops_convert_and_match(op, attrs, out, tmp_path):
     assert op in SUPPORTED

@@ -21,7 +21,7 @@ SUPPORTED = frozenset({
     "Reshape", "Flatten", "Transpose", "Concat", "Split", "Slice", "Squeeze", "Unsqueeze",
     "Resize", "Expand",
     # reductions
-    "ReduceMean", "ReduceSum",
+    "ReduceMean", "ReduceSum", "ReduceSumSquare",
     # recurrent
     "LSTM",
     # graph plumbing that conversion removes
