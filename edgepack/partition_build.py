@@ -24,6 +24,7 @@ from typing import Callable
 from .backends import CompileRequest, EngineBuild, get_backend
 from .bundle import BundleSegment
 from .errors import EdgepackError
+from .onnx_index import constants
 from .partition import Plan, PlanError, backend_predicates, plan
 from .reference import TOLERANCES
 from .targets import Target
@@ -226,7 +227,20 @@ class SplitBackend:
             raise PlanError(f"{req.model.path.name}: no NCNN+TVM plan built")
         ncnn_rungs = {b.manifest.get("precision") for b in builds if b.backend == "ncnn"} - {None}
         manifest = dict(engine.manifest, precision=ncnn_rungs.pop() if len(ncnn_rungs) == 1 else req.precision)
-        return replace(engine, manifest=manifest, segments=bundle_segments(p, req.model, builds))
+        segments = bundle_segments(p, req.model, builds)
+        _check_unwritten_outputs_are_constants(req.model, segments)
+        return replace(engine, manifest=manifest, segments=segments)
+
+
+def _check_unwritten_outputs_are_constants(model, segments: tuple[BundleSegment, ...]) -> None:
+    """The bundle fills a model output that no segment writes from the golden run (bundle.constant_outputs):
+    right only for a graph constant (onnx-asr's features_lens once shapes are fixed). Anything else would be
+    a plan that lost an output, so it fails here, where the graph is known."""
+    written = {s.name for s in model.inputs} | {o.name for seg in segments for o in seg.outputs}
+    consts = constants(model.proto)
+    lost = [o.name for o in model.outputs if o.name not in written and o.name not in consts]
+    if lost:
+        raise PlanError(f"{model.path.name}: no segment writes output {lost[0]}")
 
 
 SPLIT_BACKEND = SplitBackend()

@@ -101,7 +101,8 @@ class Check:
                              "rel_err": _num(c.rel_err), "cosine": c.cosine, "ok": c.ok} for c in self.comparisons]}
 
 
-_CONTROL_FLOW = ("Loop", "Scan", "If")  # named first in a refusal, in this order: their bodies hold the others
+_LOOPS = ("Loop", "Scan")
+_CONTROL_FLOW = _LOOPS + ("If",)  # named first in a refusal, in this order: their bodies hold the others
 
 
 def _badness(c: Comparison) -> float:
@@ -485,7 +486,7 @@ def _build_candidates(prep, target, opts, tc, log, candidates, reasons, rejected
     op_refusals = [r for _, r in candidates if r is not None and " cannot build op " in r]
     if last is None and op_refusals and len(op_refusals) == len(candidates) or isinstance(last, UnsupportedOpError):
         code, hint = UnsupportedOpError.exit_code, "see `edgepack inspect MODEL` for op support per backend"
-        if any(f" cannot build op {op} " in r for r in op_refusals for op in ("Loop", "Scan")):
+        if any(f" cannot build op {op} " in r for r in op_refusals for op in _LOOPS):
             hint = ("the model loops over data (an autoregressive decoder, say), which neither backend compiles: "
                     "export the loop's body as its own model and step it from your code, or export with a "
                     "fixed number of steps; " + hint)

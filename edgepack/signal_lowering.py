@@ -56,13 +56,11 @@ def _form(node, consts, infos) -> tuple[np.ndarray, int, int, int, bool] | None:
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     onesided = bool(attrs.get("onesided", 1))
-    step = consts.get(node.input[1])
-    window = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-    length = consts.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
-    if step is None or step.size != 1 or (len(node.input) > 2 and node.input[2] and window is None) \
-            or (len(node.input) > 3 and node.input[3] and length is None):
-        return None
-    if window is None and length is None:
+    given = list(node.input[1:4]) + [""] * (4 - len(node.input))  # step, window, length ("": not given)
+    if any(name and name not in consts for name in given) or not given[0] or not (given[1] or given[2]):
+        return None  # a computed argument, or no frame length at all
+    step, window, length = (consts[name] if name else None for name in given)
+    if step.size != 1:
         return None
     n = int(length.reshape(-1)[0]) if length is not None else int(window.size)
     if window is None:

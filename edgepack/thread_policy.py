@@ -242,13 +242,14 @@ def measure(where, log: Callable[[str], None] = lambda m: None) -> dict:
         log(f"other processes took {share:.0%} of the CPUs while timing" +
             ("; timing again" if attempt < ATTEMPTS else ""))
     medians = best_rounds(rounds)
-    if (share is None or share <= BUSY_LIMIT) and decide(medians)[0] != 0:
+    first_cap = decide(medians)[0]
+    if (share is None or share <= BUSY_LIMIT) and first_cap != 0:
         # A cap is the choice that costs most when it is wrong: on the 2-vCPU EPYC, ppocr_v3_det's and
         # magika's builds timed 2 threads no faster than 1 (12.0 vs 12.3, 9.36 vs 9.40 ms) while their
         # corpus rounds ran them 1.6x faster, with no other load in the machine's counters (a busy
         # sibling hyperthread on the host looks like that). So a cap is timed once more and decided
         # on every round; a model that is slower on more threads is slower in every round.
-        log(f"confirming a cap of {decide(medians)[0]}: {ROUNDS} more alternating rounds")
+        log(f"confirming a cap of {first_cap}: {ROUNDS} more alternating rounds")
         more, share2 = _timed_rounds(where, counts, runs)
         rounds = {c: rounds[c] + more[c] for c in counts}
         share = share2 if share is None or share2 is None else max(share, share2)

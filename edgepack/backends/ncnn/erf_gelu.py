@@ -96,6 +96,13 @@ def erf_gelu_to_gelu(model: onnx.ModelProto) -> int:
     plan, count = {}, 0
     position = {id(n): i for i, n in enumerate(gr.g.node)}
     taken: set[int] = set()
+    consts: dict[float, str] = {}  # one initializer per scalar, shared by every rewritten GELU
+
+    def const(v: float) -> str:
+        if v not in consts:
+            consts[v] = gr.add_const("gelu_c", np.array(v, dtype=np.float32))
+        return consts[v]
+
     for erf in list(gr.g.node):
         if erf.op_type != "Erf":
             continue
@@ -104,17 +111,15 @@ def erf_gelu_to_gelu(model: onnx.ModelProto) -> int:
             continue
         x, nodes, out, factor = found
         taken.update(id(n) for n in nodes)
-        consts = {v: gr.add_const("gelu_c", np.array(v, dtype=np.float32)) for v in (SQRT2, 1.0, 0.5)}
         d, e, a, m = (gr.fresh("gelu") for _ in range(4))
         gelu = out if factor == 1 else gr.fresh("gelu")
-        new = [helper.make_node("Div", [x, consts[SQRT2]], [d]), helper.make_node("Erf", [d], [e]),
-               helper.make_node("Add", [e, consts[1.0]], [a]), helper.make_node("Mul", [x, a], [m]),
-               helper.make_node("Mul", [m, consts[0.5]], [gelu])]
+        new = [helper.make_node("Div", [x, const(SQRT2)], [d]), helper.make_node("Erf", [d], [e]),
+               helper.make_node("Add", [e, const(1.0)], [a]), helper.make_node("Mul", [x, a], [m]),
+               helper.make_node("Mul", [m, const(0.5)], [gelu])]
         if factor == 2:
             convs = _doubled_convs(gr, out)
             if convs is None:
-                two = gr.add_const("gelu_c", np.array(2.0, dtype=np.float32))
-                new.append(helper.make_node("Mul", [gelu, two], [out]))
+                new.append(helper.make_node("Mul", [gelu, const(2.0)], [out]))
             else:
                 for conv in convs:
                     conv.input[0] = gelu
