@@ -73,6 +73,20 @@ class _SegmentFailed(Exception):
         self.index, self.exc = index, exc
 
 
+def _nodes_to_move(seg, sub, failed: _SegmentFailed, log) -> dict[str, str]:
+    """node -> "tvm" for a failed NCNN segment: only the nodes behind pnnx's leftovers where the
+    probe finds them (kaldi's edge Pad that shifts the waveform, amid the power spectrum NCNN runs
+    well), else the whole segment."""
+    from .partition_probe import offending_nodes
+    found = offending_nodes(sub, lambda m: log(f"segment {failed.index}: {m}")) or {}
+    if found and set(found) <= set(seg.nodes):
+        log(f"segment {failed.index} (ncnn) failed: {failed.exc.message[:200]}; moving {len(found)} of its "
+            f"{len(seg.nodes)} nodes to TVM")
+        return found
+    log(f"segment {failed.index} (ncnn) failed: {failed.exc.message[:200]}; moving its {len(seg.nodes)} nodes to TVM")
+    return {n: "tvm" for n in seg.nodes}
+
+
 def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: Toolchain, log,
                          tuning_db: str | None = None) -> EngineBuild:
     """A TVM segment without ISA copies: under ``prefix`` (kernels and bytecode register under
@@ -216,9 +230,7 @@ class SplitBackend:
                 seg = p.segments[failed.index]
                 if not all(tvm_ok(op) for op in seg.ops):
                     raise failed.exc from None
-                req.log(f"segment {failed.index} (ncnn) failed: {failed.exc.message[:200]}; moving its "
-                        f"{len(seg.nodes)} nodes to TVM")
-                force.update({n: "tvm" for n in seg.nodes})
+                force.update(_nodes_to_move(seg, seg.loaded(req.model, failed.index), failed, req.log))
                 nxt = plan_for(req.model, req.target, force)
                 if nxt is None:  # everything on TVM now: the whole-graph TVM build does that better
                     raise failed.exc from None

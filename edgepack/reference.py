@@ -32,7 +32,8 @@ def check_input_sizes(specs: tuple[TensorSpec, ...], model_name: str) -> None:
 
 
 def random_inputs(specs: tuple[TensorSpec, ...], seed: int) -> dict[str, np.ndarray]:
-    """Seeded inputs: floats ~ N(0,1) clipped, ints small and non-negative (ids, indices)."""
+    """Seeded inputs: floats ~ N(0,1) clipped, ints small and non-negative (ids, indices), a
+    sequence length between half and all of the sequence."""
     rng = np.random.default_rng(seed)
     out = {}
     for s in specs:
@@ -43,11 +44,23 @@ def random_inputs(specs: tuple[TensorSpec, ...], seed: int) -> dict[str, np.ndar
             out[s.name] = rng.integers(0, 2, shape).astype(bool)
         elif s.dtype == "uint8":
             out[s.name] = rng.integers(0, 256, shape).astype(np.uint8)
+        elif (full := _sequence_length(s, specs)) is not None:
+            out[s.name] = rng.integers(max(1, full // 2), full + 1, shape).astype(s.dtype)
         else:
             out[s.name] = rng.integers(0, 10, shape).astype(s.dtype)
         # a 0-d input (Gemm's scalar bias) comes back from numpy as a scalar, not an array
         out[s.name] = np.asarray(out[s.name], dtype=s.dtype)
     return out
+
+
+def _sequence_length(s: TensorSpec, specs: tuple[TensorSpec, ...]) -> int | None:
+    """For an integer input that gives sequence lengths (onnx-asr's `waveforms_lens`, a text
+    encoder's `lengths`): the longest non-batch axis of the float inputs. A small random id there
+    masks almost the whole sequence, and an all-zero output is matched by any artifact."""
+    if s.dtype.startswith(("float", "bool", "uint8")) or "len" not in s.name.lower() or len(s.shape) > 1:
+        return None
+    axes = [int(d) for f in specs if f.dtype.startswith("float") for d in (f.shape[1:] or f.shape)]
+    return max(axes) if axes else None
 
 
 _IMAGENET_MEAN, _IMAGENET_STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
@@ -95,13 +108,17 @@ def _image_axes(shape: tuple) -> str | None:
 def realistic_inputs(specs: tuple[TensorSpec, ...], seed: int, prepost: dict | None = None) -> dict[str, np.ndarray]:
     """A second kind of input, in the range real data has: a synthetic scene as the baked
     preprocessing's raw pixels (0..255 or 0..1) for its image input, ImageNet-normalised for other
-    image-shaped float inputs; a smooth signal in [-1, 1] for other floats; integers stay random (ids)."""
+    image-shaped float inputs; a smooth signal in [-1, 1] for other floats; a sequence length the
+    whole sequence; other integers stay random (ids)."""
     rng = np.random.default_rng(seed)
     pre = (prepost or {}).get("preprocess") or {}
     out = random_inputs(specs, seed + 1)
     for s in specs:
         shape = tuple(int(d) for d in s.shape)
         layout = _image_axes(shape)
+        if (full := _sequence_length(s, specs)) is not None:
+            out[s.name] = np.full(shape, full, s.dtype)   # the whole signal, as one unpadded clip has
+            continue
         if not s.dtype.startswith("float") and s.dtype != "uint8":
             continue
         if layout:

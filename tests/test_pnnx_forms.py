@@ -110,11 +110,11 @@ def test_gemm_bias_row_becomes_a_vector_exactly():
     assert [d for i in new.graph.initializer if i.name == gemm.input[2] for d in i.dims] == [10]
 
 
-def _pnnx_ncnn_param(m: onnx.ModelProto, folder) -> str:
+def _pnnx_ncnn_param(m: onnx.ModelProto, folder, shape: str = "[1,48,32]") -> str:
     from edgepack.backends.ncnn.convert import pnnx_executable
     folder.mkdir(parents=True, exist_ok=True)
     onnx.save(m, folder / "model.onnx")
-    subprocess.run([str(pnnx_executable()), "model.onnx", "inputshape=[1,48,32]"], cwd=folder,
+    subprocess.run([str(pnnx_executable()), "model.onnx", f"inputshape={shape}"], cwd=folder,
                    capture_output=True, timeout=300, check=True)
     return (folder / "model.ncnn.param").read_text()
 
@@ -176,3 +176,36 @@ def test_convert_keeps_an_upsampling_with_roi_on_ncnn(tmp_path):
     converted = convert(load_model(tmp_path / "up.onnx"), "fp32", log=lambda m: None)
     assert "resize_roi_unread x1" in converted.rewrites
     assert "Interp" in converted.layer_types and converted.check_error < 1e-5
+
+
+def _padded_waveform_conv(mode: str | None = None) -> onnx.ModelProto:
+    """NeMo's front end in small (onnx-asr): the waveform [1, 400] zero-padded on both ends by a Pad
+    that names no mode, then a strided Conv1D (the STFT as edgepack lowers it)."""
+    rng = np.random.default_rng(9)
+    pad = helper.make_node("Pad", ["x", "pads"], ["p"], **({"mode": mode} if mode else {}))
+    return _model([pad, helper.make_node("Unsqueeze", ["p", "axis"], ["u"]),
+                   helper.make_node("Conv", ["u", "w"], ["y"], strides=[16])],
+                  [1, 400], [1, 8, 25],
+                  {"pads": np.array([0, 16, 0, 16], np.int64), "axis": np.array([1], np.int64),
+                   "w": rng.standard_normal((8, 1, 32)).astype(np.float32)}, 13)
+
+
+def test_a_pad_without_mode_gets_constant_written_out_exactly():
+    new, fired = _rewritten(pnnx_forms.pad_mode_explicit, _padded_waveform_conv())
+    assert fired == 1
+    pad = next(n for n in new.graph.node if n.op_type == "Pad")
+    assert [(a.name, a.s) for a in pad.attribute] == [("mode", b"constant")]
+    assert pnnx_forms.pad_mode_explicit(_padded_waveform_conv("constant")) == 0
+    assert pnnx_forms.pad_mode_explicit(_padded_waveform_conv("reflect")) == 0
+
+
+def test_pnnx_keeps_a_modeless_pad_and_converts_the_rewritten_one(tmp_path):
+    from edgepack.backends.ncnn.convert import convert
+    from edgepack.model import load_model
+    before = _pnnx_ncnn_param(_padded_waveform_conv(), tmp_path / "before", "[1,400]")
+    assert any(ln.startswith("Pad ") for ln in before.splitlines()), \
+        "pnnx now converts a Pad without a mode attribute: pad_mode_explicit may be unneeded"
+    onnx.save(_padded_waveform_conv(), tmp_path / "wave.onnx")
+    converted = convert(load_model(tmp_path / "wave.onnx"), "fp32", log=lambda m: None)
+    assert "pad_mode_explicit x1" in converted.rewrites
+    assert "Pad" not in converted.layer_types and converted.check_error < 1e-4

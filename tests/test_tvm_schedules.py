@@ -203,3 +203,23 @@ def test_gemv_over_a_row_major_matrix_reads_whole_rows():
     got, used = _run(mod_t, {"x": x}, target)
     assert used == {"tile": 1}
     _close(got, x @ wt.T)
+
+
+def test_a_mean_subtracted_from_its_own_signal_is_summed_once():
+    # onnx-asr's kaldi front end: x - mean(x) over 160000 samples. dlight's CPU reduction rule
+    # put the sum inside the subtraction's parallel loop (summed 160000 times, 21 s a run): the
+    # rule is refused where it recomputes a block, and the next one takes the kernel
+    from edgepack.backends.tvm.schedules import _runs
+    x = _rand(1, 160000)
+
+    def body(bb, v):
+        return relax.op.subtract(v, relax.op.mean(v, axis=[1], keepdims=True))
+    target = _target()
+    fused = fuse(_module({"x": x}, body), target)
+    scheduled, used = apply_default_schedules(fused, target)
+    assert "dlight.Reduction" not in used, used
+    for _gv, func in scheduled.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            assert max(_runs(func).values()) <= 2 * x.size, _runs(func)
+    got, _ = _run(_module({"x": x}, body), {"x": x}, target)
+    _close(got, x - x.mean(1, keepdims=True))

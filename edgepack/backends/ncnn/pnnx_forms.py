@@ -14,6 +14,9 @@ model (jax2tf, opset 15) and PP-OCRv3's detector:
 - A Resize given a region of interest stays `Resize` (no ncnn layer) although only the
   tf_crop_and_resize mode reads it (PP-OCRv3's detector passes eight ones to its nearest-neighbour
   upsamplings): the same Resize without it becomes ncnn's Interp.
+- A Pad without a `mode` attribute (constant, the default; onnx-asr's NeMo front ends pad the
+  waveform so) stays `Pad` (no ncnn layer); with mode="constant" written out pnnx makes it ncnn's
+  Padding, or folds it into the convolution that follows.
 """
 from __future__ import annotations
 
@@ -80,6 +83,20 @@ def resize_roi_unread(model: onnx.ModelProto) -> int:
         if (mode.decode() if isinstance(mode, bytes) else mode) == "tf_crop_and_resize":
             continue
         plan[pos] = [_with_input(node, 1, gr.add_const("roi", np.zeros(0, roi.dtype)))]
+    return _apply(gr.g, plan)
+
+
+def pad_mode_explicit(model: onnx.ModelProto) -> int:
+    """Pad(X, pads[, value]) with no mode attribute -> the same Pad with mode="constant"."""
+    from .rewrite import _apply, _attr, _Graph
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(gr.g.node):
+        if node.op_type != "Pad" or _attr(node, "mode") is not None:
+            continue
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.attribute.append(helper.make_attribute("mode", "constant"))
+        plan[pos] = [new]
     return _apply(gr.g, plan)
 
 

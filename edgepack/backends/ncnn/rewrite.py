@@ -21,11 +21,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .pnnx_forms import gemm_bias_as_vector, reduce_axis_with_unit_batch, resize_roi_unread
+from .pnnx_forms import gemm_bias_as_vector, pad_mode_explicit, reduce_axis_with_unit_batch, resize_roi_unread
 from .seq_first import lift_sequence_tail
 
 # Part of the NCNN conversion cache key: bump when a rewrite's output changes.
-VERSION = 5  # 2: lift_sequence_tail; 3: focus_to_pixel_unshuffle; 4-5: pnnx_forms
+VERSION = 6  # 2: lift_sequence_tail; 3: focus_to_pixel_unshuffle; 4-6: pnnx_forms
 
 
 class _Graph:
@@ -616,7 +616,7 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
     return removed
 
 
-REWRITES = (reduce_axis_with_unit_batch, gemm_bias_as_vector, resize_roi_unread, fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, lstm_outputs_as_pnnx_expects, focus_to_pixel_unshuffle, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
+REWRITES = (reduce_axis_with_unit_batch, gemm_bias_as_vector, resize_roi_unread, pad_mode_explicit, fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, lstm_outputs_as_pnnx_expects, focus_to_pixel_unshuffle, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
             slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape, lift_sequence_tail)
 
 

@@ -91,7 +91,7 @@ def default_schedule(func, target):
                     sch = sch if rule(sch, vector_lanes(target, func)) else None
             except Exception:  # a primitive refused (TVM checks every step), or dlight asserted
                 sch = None
-            if sch is not None:
+            if sch is not None and not _recomputes(func, sch.mod["main"]):
                 return name, sch
     return "naive", None
 
@@ -122,6 +122,32 @@ def vector_lanes(target, func) -> int:
 
 
 # --- block analysis ---------------------------------------------------------------------------
+
+def _runs(func) -> dict[str, int]:
+    """How often each top-level block of ``func`` runs (the product of its loops' extents); {}
+    where an extent is not a constant."""
+    from tvm import s_tir
+    sch = s_tir.Schedule(func)
+    out = {}
+    for block in _blocks(sch):
+        n = 1
+        for loop in sch.get_loops(block):
+            ext = _extent(sch, loop)
+            if ext is None:
+                return {}
+            n *= ext
+        out[sch.get(block).name_hint] = n
+    return out
+
+
+def _recomputes(before, after) -> bool:
+    """Whether a schedule runs some block more than twice as often as the kernel did: dlight's CPU
+    reduction rule computes a reduction inside its broadcast consumer's loop (onnx-asr's kaldi front
+    end subtracts the waveform's mean from its 160000 samples: the mean was summed 160000 times, in
+    parallel into one accumulator, 21 s a run)."""
+    was, now = _runs(before), _runs(after)
+    return any(name in was and n > 2 * was[name] for name, n in now.items())
+
 
 def _blocks(sch):
     from tvm.s_tir.dlight.analysis import get_root_block
