@@ -87,3 +87,28 @@ def test_opsets_before_pad_takes_its_pads_as_an_input_are_left_alone():
     rewritten, count = strided_convs_over_hops(model)
     assert count == 0 and rewritten == model
     assert strided_convs_over_hops(stft_like(2, 1050, 400, 160, opset=11))[1] == 1
+
+
+@pytest.mark.parametrize("first, last, length, cut", [
+    (57, 455, 160512, ("Slice", "Pad")),  # NeMo: a 400-sample Hann window centred in a 512-point frame;
+                                          # the last frame's padded taps read past the end
+    (1, 399, 160000, ("Slice",)),         # kaldi: the povey window from tap 1 on
+    (0, 398, 1000, ("Slice",)),           # trailing zeros only: samples past the last frame cut
+])
+def test_zero_taps_outside_the_window_are_not_run(first, last, length, cut):
+    model = stft_like(1, length, 512, 160)
+    w = numpy_helper.to_array(model.graph.initializer[0]).copy()
+    w[:, :, :first] = 0
+    w[:, :, last:] = 0
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "w0"))
+    rewritten, count = strided_convs_over_hops(model)
+    assert count == 1
+    onnx.checker.check_model(rewritten)
+    conv = next(n for n in rewritten.graph.node if n.op_type == "Conv")
+    kernel = {a.name: list(a.ints) for a in conv.attribute}["kernel_shape"]
+    assert kernel == [1, math.ceil((last - first) / 160)] == [1, 3]  # 3 hops, not the 4 that 512 taps need
+    ops = [n.op_type for n in rewritten.graph.node]
+    assert [op for op in ops if op in ("Slice", "Pad")] == list(cut)
+    x = np.random.default_rng(4).standard_normal((1, 1, length)).astype(np.float32)
+    want = run(model, x)
+    np.testing.assert_allclose(run(rewritten, x), want, rtol=0, atol=2e-6 * float(np.abs(want).max()) * np.sqrt(512))

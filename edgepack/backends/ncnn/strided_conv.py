@@ -27,8 +27,11 @@ MAX_PADDED_SHARE = 1.5  # zero taps added to reach a whole number of hops, at mo
 MIN_OPSET = 11  # the hops' Slice takes its bounds and Pad its pads as inputs from opset 10 / 11 on
 
 
-def _hop_form(gr, node) -> tuple[int, int, int, int, int] | None:
-    """(C, L, O, K, stride) of a Conv this rewrite applies to, else None."""
+def _hop_form(gr, node) -> tuple[int, int, int, int, int, int] | None:
+    """(C, L, O, K, stride, first tap) of a Conv this rewrite applies to, else None. K counts the taps
+    from the first to the last that is not zero for every output: a 400-sample analysis window in a
+    512-point frame (onnx-asr's kaldi and NeMo front ends) leaves 114 zero taps, and 4 hops of 160
+    would then run 640 taps where 3 hops run all 398 that count."""
     from .rewrite import _attr
     shape, weight = gr.shapes.get(node.input[0]), gr.consts.get(node.input[1])
     if shape is None or weight is None or len(shape) != 3 or shape[0] != 1 or weight.ndim != 3:
@@ -41,9 +44,11 @@ def _hop_form(gr, node) -> tuple[int, int, int, int, int] | None:
     (c, length), (o, wc, k), s = shape[1:], weight.shape, int(strides[0])
     if wc != c or s < 2 or k < s or c > MAX_IN_CHANNELS or c * s < MIN_HOP_CHANNELS or length < k:
         return None
+    live = np.flatnonzero(np.abs(weight).max(axis=(0, 1)))
+    first, k = (int(live[0]), int(live[-1]) + 1 - int(live[0])) if live.size else (0, k)
     if math.ceil(k / s) * s > MAX_PADDED_SHARE * k:
         return None
-    return c, length, o, k, s
+    return c, length, o, k, s, first
 
 
 def strided_conv_to_hop_channels(model) -> int:
@@ -61,16 +66,16 @@ def strided_conv_to_hop_channels(model) -> int:
         form = _hop_form(gr, node)
         if form is None:
             continue
-        c, length, o, k, s = form
+        c, length, o, k, s, first = form
         kh = math.ceil(k / s)                   # taps of the padded kernel, in hops
-        frames = (length - k) // s + 1          # the Conv's output length, unchanged
+        frames = (length - gr.consts[node.input[1]].shape[2]) // s + 1  # the Conv's output length, unchanged
         m = frames + kh - 1                     # hops the new Conv reads
-        key = (node.input[0], s, m)
+        key = (node.input[0], s, m, first)
         new_nodes = []
         if key not in hops:
-            new_nodes, hops[key] = _hops(gr, node.input[0], c, length, s, m)
+            new_nodes, hops[key] = _hops(gr, node.input[0], c, length, s, m, first)
         padded = np.zeros((o, c, kh * s), np.float32)
-        padded[:, :, :k] = gr.consts[node.input[1]]
+        padded[:, :, :k] = gr.consts[node.input[1]][:, :, first:first + k]
         # W'[o, c*s + p, 0, q] = W[o, c, q*s + p]
         w = np.ascontiguousarray(padded.reshape(o, c, kh, s).transpose(0, 1, 3, 2).reshape(o, c * s, 1, kh))
         wide = gr.fresh(node.output[0] + "_2d")
@@ -83,20 +88,22 @@ def strided_conv_to_hop_channels(model) -> int:
     return _apply(gr.g, plan)
 
 
-def _hops(gr, x: str, c: int, length: int, s: int, m: int) -> tuple[list, str]:
-    """Nodes that make X [1, C*s, 1, M] of signal x [1, C, L] (X[c*s + p, m] = x[c, s*m + p]), its name."""
-    nodes, want = [], m * s
-    if want != length:
+def _hops(gr, x: str, c: int, length: int, s: int, m: int, first: int = 0) -> tuple[list, str]:
+    """Nodes that make X [1, C*s, 1, M] of signal x [1, C, L] from sample ``first`` on
+    (X[c*s + p, m] = x[c, first + s*m + p]), its name."""
+    nodes, want, avail = [], m * s, length - first
+    if first or want < avail:  # samples before the first live tap or past the last frame
+        cut = gr.fresh(x + "_cut")
+        nodes.append(helper.make_node(
+            "Slice", [x, gr.add_const("starts", np.array([first], np.int64)),
+                      gr.add_const("ends", np.array([first + min(want, avail)], np.int64)),
+                      gr.add_const("axes", np.array([2], np.int64))], [cut], name=gr.fresh("hops")))
+        x = cut
+    if want > avail:  # read only by the zero taps of the padded kernel
         fitted = gr.fresh(x + "_fit")
-        if want < length:  # samples past the last frame
-            nodes.append(helper.make_node(
-                "Slice", [x, gr.add_const("starts", np.array([0], np.int64)),
-                          gr.add_const("ends", np.array([want], np.int64)),
-                          gr.add_const("axes", np.array([2], np.int64))], [fitted], name=gr.fresh("hops")))
-        else:  # read only by the zero taps of the padded kernel
-            nodes.append(helper.make_node(
-                "Pad", [x, gr.add_const("pads", np.array([0, 0, 0, 0, 0, want - length], np.int64))],
-                [fitted], mode="constant", name=gr.fresh("hops")))
+        nodes.append(helper.make_node(
+            "Pad", [x, gr.add_const("pads", np.array([0, 0, 0, 0, 0, want - avail], np.int64))],
+            [fitted], mode="constant", name=gr.fresh("hops")))
         x = fitted
     grid, moved, out = gr.fresh(x + "_grid"), gr.fresh(x + "_moved"), gr.fresh(x + "_hops")
     nodes += [
