@@ -94,6 +94,15 @@ def transformer_block(path: Path, d: int = 64, heads: int = 4, seq: int = 16) ->
     return path
 
 
+def saved_graph(graph, path: Path, opset: int = 17) -> Path:
+    """``graph`` as a checked model (IR 8, which every onnxruntime in use reads) at ``path``."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 def single_op_model(path: Path, op: str, inputs: dict, outputs: dict, inits=(), opset: int = 17, **attrs) -> Path:
     """A one-node model: inputs/outputs map name -> shape (float32)."""
     node = helper.make_node(op, list(inputs) + [i.name for i in inits], list(outputs), name=f"{op.lower()}_node",

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
+from clirun import run_edgepack
+from models import saved_graph
 from onnx import TensorProto, helper, numpy_helper
 
 N = 400
@@ -36,23 +36,18 @@ def masked_preemphasis_conv(path: Path) -> Path:
              helper.make_node("Sub", ["xm", "scaled"], ["emph"], name="preemphasis"),
              helper.make_node("Unsqueeze", ["emph", "axis"], ["u"], name="channel"),
              helper.make_node("Conv", ["u", "w"], ["y"], strides=[16], name="frames")]
-    g = helper.make_graph(nodes, "kaldi_small",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, N]),
-                           helper.make_tensor_value_info("lens", TensorProto.INT64, [1])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 24])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    onnx.save(m, str(path))
-    return path
+    return saved_graph(helper.make_graph(nodes, "kaldi_small",
+                                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, N]),
+                                          helper.make_tensor_value_info("lens", TensorProto.INT64, [1])],
+                                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 24])], inits),
+                       path)
 
 
 def test_only_the_shifting_pad_moves_to_tvm(tmp_path):
     src = masked_preemphasis_conv(tmp_path / "kaldi_small.onnx")
     out = tmp_path / "dist"
-    p = subprocess.run([sys.executable, "-m", "edgepack", "build", str(src), "--target", "x86_64", "--fp32",
-                        "--select", "first", "--out", str(out), "--json", "--jobs", "1"],
-                       capture_output=True, text=True, timeout=1500)
+    p = run_edgepack("build", src, "--target", "x86_64", "--fp32", "--select", "first", "--out", out, "--json",
+                     "--jobs", "1", timeout=1500)
     res = json.loads(p.stdout)["results"][0]
     assert res["ok"], (res, p.stderr[-2000:])
     assert "moving 1 of its" in p.stderr, p.stderr[-3000:]
