@@ -31,7 +31,8 @@ from .errors import ArtifactError, EdgepackError, InputError, ToolMissingError, 
 from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_shapes, simplify
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
 from .quantized import lower_quantized
-from .signal_lowering import lower_stft
+from .scan_framing import lower_framing_scans
+from .signal_lowering import lower_dft, lower_stft
 from .reference import (POLICY, Comparison, Tolerance, check_input_sizes, compare, output_scale, random_inputs,
                         realistic_inputs, run_onnxruntime)
 from .progress import StepProgress
@@ -204,12 +205,13 @@ class TargetResult:
 
 def lowered_for_backends(model: LoadedModel, simplify_graph: bool = True) -> LoadedModel:
     """The graph every backend is given (and `edgepack inspect` shows): onnxruntime's dynamic-int8 ops
-    as float ops, simplified, then the Ifs decided by data as Where (control_flow.py) and STFTs as
-    convolutions (signal_lowering.py)."""
+    as float ops, simplified, then the Ifs decided by data as Where (control_flow.py), STFTs as
+    convolutions and DFTs as MatMuls (signal_lowering.py), framing Scans as Gathers (scan_framing.py)."""
     model = lower_quantized(model)
     if simplify_graph:
         model = simplify(model)      # folds the Ifs whose condition is a constant
-    lowered = lower_stft(lower_if(model))  # the others, where both branches are safe to compute; STFT as Conv
+    # the others, where both branches are safe to compute; STFT as Conv, framing Scans as Gather, DFT as MatMul
+    lowered = lower_dft(lower_framing_scans(lower_stft(lower_if(model))))
     if lowered is model:
         return model
     return simplify(lowered) if simplify_graph else lowered

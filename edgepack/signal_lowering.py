@@ -113,3 +113,63 @@ def _lower(proto: onnx.ModelProto) -> tuple[int, int]:
         # shapes recorded for the old graph (onnxsim writes them) may disagree with the new nodes' inference
         del graph.value_info[:]
     return lowered, kept
+
+
+def lower_dft(model: LoadedModel) -> LoadedModel:
+    """The model with each qualifying DFT of a real signal as a MatMul by the cosine and sine matrix
+    (onnx-asr's WeSpeaker front end takes a 512-point DFT of 400-sample frames); unchanged without one.
+    Lowered where the frames' axis is the one before the [.., 1] real/imaginary axis, the length is
+    a constant at least the frames' own, and the transform is forward; any other DFT stays."""
+    if "DFT" not in model.ops():
+        return model
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    graph = proto.graph
+    consts, infos = constants(proto), tensor_infos(proto)
+    nodes, lowered = [], 0
+    for k, node in enumerate(graph.node):
+        form = _dft_form(node, consts, infos) if node.op_type == "DFT" else None
+        if form is None:
+            nodes.append(node)
+            continue
+        dims, n, onesided = form
+        width, bins = dims[-2], (n // 2 + 1 if onesided else n)
+        base = f"{node.name or f'dft{k}'}__ep_dft"
+        basis = dft_kernels(np.ones(n), n, onesided)[:, 0, :width].T        # [width, 2 x bins]
+        graph.initializer.extend([
+            numpy_helper.from_array(np.ascontiguousarray(basis), f"{base}_basis"),
+            numpy_helper.from_array(np.array([-1], np.int64), f"{base}_last"),
+            numpy_helper.from_array(np.array([*dims[:-2], 2, bins], np.int64), f"{base}_shape")])
+        perm = [*range(len(dims) - 2), len(dims) - 1, len(dims) - 2]
+        nodes += [helper.make_node("Squeeze", [node.input[0], f"{base}_last"], [f"{base}_frames"]),
+                  helper.make_node("MatMul", [f"{base}_frames", f"{base}_basis"], [f"{base}_bins"]),
+                  helper.make_node("Reshape", [f"{base}_bins", f"{base}_shape"], [f"{base}_parts"]),
+                  helper.make_node("Transpose", [f"{base}_parts"], [node.output[0]], perm=perm)]
+        lowered += 1
+    if not lowered:
+        return model
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]
+    return _with(model, proto, f"DFT as a MatMul: {lowered} node(s)")
+
+
+def _dft_form(node, consts, infos) -> tuple[tuple[int, ...], int, bool] | None:
+    """(the signal's dims, the transform's length, onesided) of a DFT lower_dft takes, else None."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    info = infos.get(node.input[0])
+    if node.domain not in ("", "ai.onnx") or attrs.get("inverse", 0) or info is None or info.dims is None:
+        return None
+    dims = tuple(int(d) for d in info.dims)
+    if info.elem_type != TensorProto.FLOAT or len(dims) < 3 or dims[-1] != 1:
+        return None  # [.., 2] is a complex signal
+    given = list(node.input[1:3]) + [""] * (3 - len(node.input[1:3]))   # dft_length, axis (opset 20)
+    if any(name and name not in consts for name in given):
+        return None
+    axis = int(consts[given[1]].reshape(-1)[0]) if given[1] else int(attrs.get("axis", 1))
+    if axis % len(dims) != len(dims) - 2:
+        return None
+    n = int(consts[given[0]].reshape(-1)[0]) if given[0] else dims[-2]
+    if n < dims[-2] or n < 1:
+        return None  # a transform shorter than the frames cuts them: left to the op
+    return dims, n, bool(attrs.get("onesided", 0))
