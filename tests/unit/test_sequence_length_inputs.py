@@ -31,3 +31,13 @@ def test_frames_lengths_follow_the_longest_axis_and_ids_stay_small():
     assert 1500 <= int(got["length"]) <= 3000 and got["length"].dtype == np.int32
     assert int(got["token_ids"].max()) < 10
     assert int(realistic_inputs(specs, 0)["length"]) == 3000
+
+
+def test_an_output_zero_on_every_input_is_named_and_others_are_not():
+    from edgepack.reference import uninformative_outputs
+    zeros, signal = np.zeros((1, 80, 10), np.float32), np.ones((1, 80, 10), np.float32)
+    refs = [{"features": zeros, "lens": np.zeros(1, np.int64), "logits": signal},
+            {"features": zeros, "lens": np.zeros(1, np.int64), "logits": zeros}]
+    assert uninformative_outputs(refs) == ["features"]   # ints (a length, a class id) may be 0 by right
+    refs[1]["features"] = signal
+    assert uninformative_outputs(refs) == []
