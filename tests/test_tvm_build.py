@@ -63,6 +63,27 @@ def test_tiny_cnn_matches_onnxruntime(tvm_artifacts, tiny_cnn, target, tmp_path)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_each_run_of_a_folder_answers_for_its_own_input(tvm_artifacts, tiny_cnn, tmp_path):
+    """The engine keeps its input tensors from run to run and refills them (ep_engine_tvm.cc): every file
+    of a folder must still get the answer for its own input, not the first one's."""
+    _results, dist = tvm_artifacts
+    folder = tmp_path / "in"
+    folder.mkdir()
+    xs = {f"x{k}.npy": np.random.default_rng(40 + k).standard_normal((1, 3, 64, 64)).astype(np.float32) for k in range(3)}
+    for name, x in xs.items():
+        np.save(folder / name, x)
+    proc = _run(dist / "tiny_cnn-x86_64", ["run", "--input-dir", str(folder), "--output", str(tmp_path / "out.jsonl")],
+                "x86_64")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    sess = ort.InferenceSession(str(tiny_cnn), providers=["CPUExecutionProvider"])
+    assert sorted(line["file"] for line in lines) == sorted(xs)
+    for line in lines:
+        want = sess.run(["logits"], {"image": xs[line["file"]]})[0]
+        np.testing.assert_allclose(np.array(line["outputs"]["logits"]["values"]).reshape(want.shape), want,
+                                   rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("target", ["x86_64", "arm64"])
 def test_selftest_info_and_size(tvm_artifacts, target):
     results, dist = tvm_artifacts
