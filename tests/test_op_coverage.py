@@ -132,7 +132,6 @@ def test_structured_ops_convert_and_match(op, attrs, out, tmp_path):
 @pytest.mark.parametrize("op,spec,out", [
     ("SpaceToDepth", {"blocksize": 2}, [1, 32, 3, 3]),   # pnnx converts it, ncnn computes garbage
     ("DepthToSpace", {"blocksize": 2}, [1, 2, 12, 12]),
-    ("Pad", "pad", [1, 8, 8, 8]),
     ("Tile", "tile", [1, 8, 12, 6]),
 ])
 def test_ops_listed_unsupported_really_fail(op, spec, out, tmp_path):
@@ -140,6 +139,20 @@ def test_ops_listed_unsupported_really_fail(op, spec, out, tmp_path):
     assert op in KNOWN_UNSUPPORTED
     with pytest.raises(EdgepackError):
         _convert(_structured(op, spec, out, tmp_path))
+
+
+def test_conversion_decides_a_pad(tmp_path):
+    """Pad is let through to conversion (CONVERSION_DECIDES): a lone constant Pad that names no mode
+    converts once pnnx_forms writes the mode out; an edge Pad with negative pads (kaldi's shift) does not,
+    and the conversion says so (the split then moves that node to TVM)."""
+    from edgepack.backends.ncnn.ops import CONVERSION_DECIDES
+    assert "Pad" in CONVERSION_DECIDES
+    converted = _convert(_structured("Pad", "pad", [1, 8, 8, 8], tmp_path))
+    assert "pad_mode_explicit x1" in converted.rewrites and converted.check_error < 1e-5
+    shift = single_op_model(tmp_path / "shift.onnx", "Pad", X, {"y": [1, 8, 6, 6]},
+                            inits=[_i64("pads", [0, 0, 0, 1, 0, 0, 0, -1])], mode="edge")
+    with pytest.raises(EdgepackError):
+        _convert(shift)
 
 
 def test_topk_is_refused_by_the_table_with_node_name(tmp_path):

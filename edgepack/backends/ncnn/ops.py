@@ -38,6 +38,7 @@ KNOWN_UNSUPPORTED = frozenset({
 })
 
 # Listed above as unsupported, yet converted in context: pnnx turns a Pad next to convolutions into
-# ncnn Padding (Silero VAD's reflect pad) but not a lone one (tests/test_op_coverage.py). These are
-# let through to conversion, whose layer check and onnxruntime comparison decide.
+# ncnn Padding (Silero VAD's reflect pad), and a lone constant one once its mode is written out
+# (pnnx_forms.pad_mode_explicit), but not an edge Pad with negative pads (tests/test_op_coverage.py).
+# These are let through to conversion, whose layer check and onnxruntime comparison decide.
 CONVERSION_DECIDES = frozenset({"Pad"})
