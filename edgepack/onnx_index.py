@@ -31,6 +31,11 @@ class TensorInfo:
         return helper.tensor_dtype_to_np_dtype(self.elem_type) if self.elem_type else np.dtype(np.float32)
 
 
+def node_attrs(node) -> dict:
+    """A node's attributes by name, as Python values."""
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
 def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Initializers and the outputs of Constant nodes that carry a tensor (`value`)."""
     out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}

@@ -17,16 +17,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .onnx_index import constants, tensor_infos
+from .onnx_index import constants, node_attrs, tensor_infos
 
 RECURRENT = frozenset({"LSTM", "GRU"})
 _GATES = {"LSTM": 4, "GRU": 3}
 # RNN activation names that are plain ONNX ops without parameters
 _PLAIN = {"Sigmoid", "Tanh", "Relu", "Softsign", "Softplus"}
-
-
-def _attrs(node) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[list, object]]:
@@ -42,7 +38,7 @@ def _opset(model: onnx.ModelProto) -> int:
 
 def refusal(node, consts: dict, shapes: dict) -> str | None:
     """Why this LSTM/GRU node cannot be decomposed exactly, or None when it can."""
-    a = _attrs(node)
+    a = node_attrs(node)
     ins = list(node.input) + [""] * (8 - len(node.input))
     if a.get("layout", 0) != 0:
         return "layout=1 (batch-major) is not decomposed"
@@ -109,7 +105,7 @@ class _Emitter:
 
 def _direction(e: _Emitter, node, d: int, reverse: bool, consts: dict, seq: int, acts: list[str]):
     """One direction: returns (list of H_t in time order, last H, last C or None)."""
-    a = _attrs(node)
+    a = node_attrs(node)
     ins = list(node.input) + [""] * (8 - len(node.input))
     lstm = node.op_type == "LSTM"
     hs = int(a["hidden_size"])
@@ -197,7 +193,7 @@ def _direction(e: _Emitter, node, d: int, reverse: bool, consts: dict, seq: int,
 
 
 def _rewrite(model: onnx.ModelProto, node, consts: dict, shapes: dict, taken: set[str]) -> tuple[list, list]:
-    a = _attrs(node)
+    a = node_attrs(node)
     direction = a.get("direction", b"forward")
     direction = direction.decode() if isinstance(direction, bytes) else direction
     dirs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]

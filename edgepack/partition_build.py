@@ -73,13 +73,14 @@ class _SegmentFailed(Exception):
         self.index, self.exc = index, exc
 
 
-def _nodes_to_move(seg, sub, failed: _SegmentFailed, forced: dict[str, str], log) -> dict[str, str]:
+def _nodes_to_move(seg, sub, failed: _SegmentFailed, log) -> dict[str, str]:
     """node -> "tvm" for a failed NCNN segment: only the nodes behind pnnx's leftovers where the
-    probe finds new ones (kaldi's edge Pad that shifts the waveform, amid the power spectrum NCNN
-    runs well), else the whole segment."""
+    probe finds them (kaldi's edge Pad that shifts the waveform, amid the power spectrum NCNN runs
+    well), else the whole segment. (A node already forced to TVM is never in an NCNN segment, so
+    each retry moves something new.)"""
     from .partition_probe import offending_nodes
     found = offending_nodes(sub, lambda m: log(f"segment {failed.index}: {m}")) or {}
-    if found and set(found) <= set(seg.nodes) and not set(found) <= set(forced):
+    if found and set(found) <= set(seg.nodes):
         log(f"segment {failed.index} (ncnn) failed: {failed.exc.message[:200]}; moving {len(found)} of its "
             f"{len(seg.nodes)} nodes to TVM")
         return found
@@ -230,7 +231,7 @@ class SplitBackend:
                 seg = p.segments[failed.index]
                 if not all(tvm_ok(op) for op in seg.ops):
                     raise failed.exc from None
-                force.update(_nodes_to_move(seg, seg.loaded(req.model, failed.index), failed, force, req.log))
+                force.update(_nodes_to_move(seg, seg.loaded(req.model, failed.index), failed, req.log))
                 nxt = plan_for(req.model, req.target, force)
                 if nxt is None:  # everything on TVM now: the whole-graph TVM build does that better
                     raise failed.exc from None

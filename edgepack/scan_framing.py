@@ -13,32 +13,26 @@ static shapes; the final state must be unused. Any other Scan stays, and the bac
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import helper, numpy_helper
 
 from .model import LoadedModel, _with
-from .onnx_index import constants, tensor_infos
+from .onnx_index import node_attrs
+from .signal_lowering import replace_nodes
 
 
 def lower_framing_scans(model: LoadedModel) -> LoadedModel:
     """The model with each framing Scan as Concat + Reshape + Gather; unchanged without one."""
     if "Scan" not in model.ops():
         return model
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    lowered = _lower(proto)
-    if not lowered:
-        return model
-    return _with(model, proto, f"Scan framing as a Gather: {lowered} node(s)")
-
-
-def _attrs(node) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    read = {i for n in model.proto.graph.node for i in n.input} | {o.name for o in model.proto.graph.output}
+    proto, lowered, _kept = replace_nodes(model, "Scan", lambda node, k, graph, consts, infos:
+                                          _as_gather(node, k, graph, _form(node, consts, infos, read)))
+    return model if proto is None else _with(model, proto, f"Scan framing as a Gather: {lowered} node(s)")
 
 
 def _form(node, consts, infos, read: set[str]) -> tuple[int, int, int] | None:
     """(P, H, T) of a framing Scan, else None."""
-    attrs = _attrs(node)
+    attrs = node_attrs(node)
     body = attrs.get("body")
     if body is None or attrs.get("num_scan_inputs") != 1 or len(node.input) != 2 or len(node.output) != 2:
         return None
@@ -59,7 +53,7 @@ def _form(node, consts, infos, read: set[str]) -> tuple[int, int, int] | None:
     cat, cut = body.node
     if cat.op_type != "Concat" or list(cat.input) != [prev, curr] or list(cat.output) != [frame]:
         return None
-    if _attrs(cat).get("axis") not in (1, -1):
+    if node_attrs(cat).get("axis") not in (1, -1):
         return None
     if cut.op_type != "Slice" or list(cut.output) != [nxt] or cut.input[0] != frame or len(cut.input) < 3:
         return None
@@ -74,29 +68,16 @@ def _form(node, consts, infos, read: set[str]) -> tuple[int, int, int] | None:
     return p, h, t
 
 
-def _lower(proto: onnx.ModelProto) -> int:
-    graph = proto.graph
-    consts, infos = constants(proto), tensor_infos(proto)
-    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    nodes, lowered = [], 0
-    for k, node in enumerate(graph.node):
-        form = _form(node, consts, infos, read) if node.op_type == "Scan" else None
-        if form is None:
-            nodes.append(node)
-            continue
-        p, h, t = form
-        base = f"{node.name or f'scan{k}'}__ep_frames"
-        index = np.arange(t)[:, None] * h + np.arange(p + h)[None, :]
-        graph.initializer.extend([
-            numpy_helper.from_array(np.array([0, t * h], np.int64), f"{base}_flat"),
-            numpy_helper.from_array(index.astype(np.int64), f"{base}_index")])
-        state, scanned = node.input
-        nodes += [helper.make_node("Reshape", [scanned, f"{base}_flat"], [f"{base}_hops"]),
-                  helper.make_node("Concat", [state, f"{base}_hops"], [f"{base}_signal"], axis=1),
-                  helper.make_node("Gather", [f"{base}_signal", f"{base}_index"], [node.output[1]], axis=1)]
-        lowered += 1
-    if lowered:
-        del graph.node[:]
-        graph.node.extend(nodes)
-        del graph.value_info[:]
-    return lowered
+def _as_gather(node, k: int, graph, form: tuple[int, int, int] | None) -> list | None:
+    if form is None:
+        return None
+    p, h, t = form
+    base = f"{node.name or f'scan{k}'}__ep_frames"
+    index = np.arange(t)[:, None] * h + np.arange(p + h)[None, :]
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array([0, t * h], np.int64), f"{base}_flat"),
+        numpy_helper.from_array(index.astype(np.int64), f"{base}_index")])
+    state, scanned = node.input
+    return [helper.make_node("Reshape", [scanned, f"{base}_flat"], [f"{base}_hops"]),
+            helper.make_node("Concat", [state, f"{base}_hops"], [f"{base}_signal"], axis=1),
+            helper.make_node("Gather", [f"{base}_signal", f"{base}_index"], [node.output[1]], axis=1)]

@@ -22,22 +22,46 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .model import LoadedModel, _with
-from .onnx_index import constants, tensor_infos
+from .onnx_index import constants, node_attrs, tensor_infos
 
 
 def lower_stft(model: LoadedModel) -> LoadedModel:
     """The model with each qualifying STFT computed as a Conv; unchanged without one."""
-    if "STFT" not in model.ops():
-        return model
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    lowered, kept = _lower(proto)
-    if not lowered:
+    proto, lowered, kept = replace_nodes(model, "STFT", _stft_as_conv)
+    if proto is None:
         return model
     note = f"STFT as a strided convolution: {lowered} node(s)"
     if kept:
         note += f"; {kept} left (a computed window, step or length, a complex or non-float32 signal)"
     return _with(model, proto, note)
+
+
+def replace_nodes(model: LoadedModel, op_type: str, lower_one) -> tuple[onnx.ModelProto | None, int, int]:
+    """A copy of ``model``'s graph in which each ``op_type`` node that ``lower_one(node, k, graph, consts,
+    infos)`` answers with a list of nodes (adding what initializers they need to ``graph``) is replaced by
+    them, in place: (the copy, or None when no node was replaced; how many were; how many were left)."""
+    if op_type not in model.ops():
+        return None, 0, 0
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    graph = proto.graph
+    consts, infos = constants(proto), tensor_infos(proto)
+    nodes, lowered, kept = [], 0, 0
+    for k, node in enumerate(graph.node):
+        new = lower_one(node, k, graph, consts, infos) if node.op_type == op_type else None
+        if new is None:
+            nodes.append(node)
+            kept += node.op_type == op_type
+            continue
+        nodes += new
+        lowered += 1
+    if not lowered:
+        return None, 0, kept
+    del graph.node[:]
+    graph.node.extend(nodes)
+    # shapes recorded for the old graph (onnxsim writes them) may disagree with the new nodes' inference
+    del graph.value_info[:]
+    return proto, lowered, kept
 
 
 def dft_kernels(window: np.ndarray, n: int, onesided: bool) -> np.ndarray:
@@ -54,7 +78,7 @@ def _form(node, consts, infos) -> tuple[np.ndarray, int, int, int, bool] | None:
     """(window, n, step, signal rank, onesided) of an STFT this lowering takes, else None."""
     if node.domain not in ("", "ai.onnx") or len(node.input) < 2:
         return None
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = node_attrs(node)
     onesided = bool(attrs.get("onesided", 1))
     given = list(node.input[1:4]) + [""] * (4 - len(node.input))  # step, window, length ("": not given)
     if any(name and name not in consts for name in given) or not given[0] or not (given[1] or given[2]):
@@ -76,43 +100,27 @@ def _form(node, consts, infos) -> tuple[np.ndarray, int, int, int, bool] | None:
     return window.astype(np.float64), n, int(step.reshape(-1)[0]), rank, onesided
 
 
-def _lower(proto: onnx.ModelProto) -> tuple[int, int]:
-    graph = proto.graph
-    consts, infos = constants(proto), tensor_infos(proto)
-    nodes, lowered, kept = [], 0, 0
-    for k, node in enumerate(graph.node):
-        if node.op_type != "STFT":
-            nodes.append(node)
-            continue
-        form = _form(node, consts, infos)
-        if form is None:
-            nodes.append(node)
-            kept += 1
-            continue
-        window, n, step, rank, onesided = form
-        base = f"{node.name or f'stft{k}'}__ep_stft"
-        kernels = dft_kernels(window, n, onesided)
-        bins = kernels.shape[0] // 2
-        graph.initializer.extend([
-            numpy_helper.from_array(kernels, f"{base}_kernels"),
-            numpy_helper.from_array(np.array([1], dtype=np.int64), f"{base}_axis1"),
-            numpy_helper.from_array(np.array([0, 2, bins, -1], dtype=np.int64), f"{base}_shape")])
-        x = node.input[0]
-        if rank == 2:
-            nodes.append(helper.make_node("Unsqueeze", [x, f"{base}_axis1"], [f"{base}_signal"]))
-        else:
-            nodes.append(helper.make_node("Transpose", [x], [f"{base}_signal"], perm=[0, 2, 1]))
-        nodes += [helper.make_node("Conv", [f"{base}_signal", f"{base}_kernels"], [f"{base}_bins"],
-                                   kernel_shape=[n], strides=[step]),
-                  helper.make_node("Reshape", [f"{base}_bins", f"{base}_shape"], [f"{base}_parts"]),
-                  helper.make_node("Transpose", [f"{base}_parts"], [node.output[0]], perm=[0, 3, 2, 1])]
-        lowered += 1
-    del graph.node[:]
-    graph.node.extend(nodes)
-    if lowered:
-        # shapes recorded for the old graph (onnxsim writes them) may disagree with the new nodes' inference
-        del graph.value_info[:]
-    return lowered, kept
+def _stft_as_conv(node, k: int, graph, consts, infos) -> list | None:
+    form = _form(node, consts, infos)
+    if form is None:
+        return None
+    window, n, step, rank, onesided = form
+    base = f"{node.name or f'stft{k}'}__ep_stft"
+    kernels = dft_kernels(window, n, onesided)
+    bins = kernels.shape[0] // 2
+    graph.initializer.extend([
+        numpy_helper.from_array(kernels, f"{base}_kernels"),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), f"{base}_axis1"),
+        numpy_helper.from_array(np.array([0, 2, bins, -1], dtype=np.int64), f"{base}_shape")])
+    x = node.input[0]
+    if rank == 2:
+        nodes = [helper.make_node("Unsqueeze", [x, f"{base}_axis1"], [f"{base}_signal"])]
+    else:
+        nodes = [helper.make_node("Transpose", [x], [f"{base}_signal"], perm=[0, 2, 1])]
+    return nodes + [helper.make_node("Conv", [f"{base}_signal", f"{base}_kernels"], [f"{base}_bins"],
+                                     kernel_shape=[n], strides=[step]),
+                    helper.make_node("Reshape", [f"{base}_bins", f"{base}_shape"], [f"{base}_parts"]),
+                    helper.make_node("Transpose", [f"{base}_parts"], [node.output[0]], perm=[0, 3, 2, 1])]
 
 
 def lower_dft(model: LoadedModel) -> LoadedModel:
@@ -120,43 +128,32 @@ def lower_dft(model: LoadedModel) -> LoadedModel:
     (onnx-asr's WeSpeaker front end takes a 512-point DFT of 400-sample frames); unchanged without one.
     Lowered where the frames' axis is the one before the [.., 1] real/imaginary axis, the length is
     a constant at least the frames' own, and the transform is forward; any other DFT stays."""
-    if "DFT" not in model.ops():
-        return model
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    graph = proto.graph
-    consts, infos = constants(proto), tensor_infos(proto)
-    nodes, lowered = [], 0
-    for k, node in enumerate(graph.node):
-        form = _dft_form(node, consts, infos) if node.op_type == "DFT" else None
-        if form is None:
-            nodes.append(node)
-            continue
-        dims, n, onesided = form
-        width, bins = dims[-2], (n // 2 + 1 if onesided else n)
-        base = f"{node.name or f'dft{k}'}__ep_dft"
-        basis = dft_kernels(np.ones(n), n, onesided)[:, 0, :width].T        # [width, 2 x bins]
-        graph.initializer.extend([
-            numpy_helper.from_array(np.ascontiguousarray(basis), f"{base}_basis"),
-            numpy_helper.from_array(np.array([-1], np.int64), f"{base}_last"),
-            numpy_helper.from_array(np.array([*dims[:-2], 2, bins], np.int64), f"{base}_shape")])
-        perm = [*range(len(dims) - 2), len(dims) - 1, len(dims) - 2]
-        nodes += [helper.make_node("Squeeze", [node.input[0], f"{base}_last"], [f"{base}_frames"]),
-                  helper.make_node("MatMul", [f"{base}_frames", f"{base}_basis"], [f"{base}_bins"]),
-                  helper.make_node("Reshape", [f"{base}_bins", f"{base}_shape"], [f"{base}_parts"]),
-                  helper.make_node("Transpose", [f"{base}_parts"], [node.output[0]], perm=perm)]
-        lowered += 1
-    if not lowered:
-        return model
-    del graph.node[:]
-    graph.node.extend(nodes)
-    del graph.value_info[:]
-    return _with(model, proto, f"DFT as a MatMul: {lowered} node(s)")
+    proto, lowered, _kept = replace_nodes(model, "DFT", _dft_as_matmul)
+    return model if proto is None else _with(model, proto, f"DFT as a MatMul: {lowered} node(s)")
+
+
+def _dft_as_matmul(node, k: int, graph, consts, infos) -> list | None:
+    form = _dft_form(node, consts, infos)
+    if form is None:
+        return None
+    dims, n, onesided = form
+    width, bins = dims[-2], (n // 2 + 1 if onesided else n)
+    base = f"{node.name or f'dft{k}'}__ep_dft"
+    basis = dft_kernels(np.ones(n), n, onesided)[:, 0, :width].T        # [width, 2 x bins]
+    graph.initializer.extend([
+        numpy_helper.from_array(np.ascontiguousarray(basis), f"{base}_basis"),
+        numpy_helper.from_array(np.array([-1], np.int64), f"{base}_last"),
+        numpy_helper.from_array(np.array([*dims[:-2], 2, bins], np.int64), f"{base}_shape")])
+    perm = [*range(len(dims) - 2), len(dims) - 1, len(dims) - 2]
+    return [helper.make_node("Squeeze", [node.input[0], f"{base}_last"], [f"{base}_frames"]),
+            helper.make_node("MatMul", [f"{base}_frames", f"{base}_basis"], [f"{base}_bins"]),
+            helper.make_node("Reshape", [f"{base}_bins", f"{base}_shape"], [f"{base}_parts"]),
+            helper.make_node("Transpose", [f"{base}_parts"], [node.output[0]], perm=perm)]
 
 
 def _dft_form(node, consts, infos) -> tuple[tuple[int, ...], int, bool] | None:
     """(the signal's dims, the transform's length, onesided) of a DFT lower_dft takes, else None."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = node_attrs(node)
     info = infos.get(node.input[0])
     if node.domain not in ("", "ai.onnx") or attrs.get("inverse", 0) or info is None or info.dims is None:
         return None

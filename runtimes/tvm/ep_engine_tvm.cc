@@ -241,6 +241,7 @@ int tvm_open(const ep_model_spec *spec, int threads, void **out, ep_status *st) 
         return rc;
     }
     try {
+        e->inputs.resize(spec->n_inputs);  // filled at the first run (tvm_run)
         ffi::Module syslib = ffi::Function::GetGlobalRequired("ffi.SystemLib")(ffi::String(prefix)).cast<ffi::Module>();
         auto load = syslib->GetFunction("vm_load_executable", false);
         if (!load.has_value()) {
@@ -285,7 +286,6 @@ int tvm_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status
             if (!to_dl(inputs[i].dtype, &dt))
                 return ep_fail(st, EP_ERR_INPUT, "input %s: dtype %s is not supported by the TVM engine",
                                spec->inputs[i].name, ep_dtype_name(inputs[i].dtype));
-            if (e->inputs.size() != static_cast<size_t>(spec->n_inputs)) e->inputs.resize(spec->n_inputs);
             if (!fits(e->inputs[i], inputs[i], dt)) {
                 std::vector<int64_t> shape(inputs[i].shape, inputs[i].shape + inputs[i].ndim);
                 e->inputs[i] = Tensor::Empty(ffi::Shape(shape), dt, cpu);
