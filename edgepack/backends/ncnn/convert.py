@@ -21,6 +21,7 @@ from ...quantized import rounds_quotients
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
 from .fuse import batch_shared_products, gemv_as_gemm
+from .int8_gemm_patch import mark_integer_gemms
 from .memory import without_winograd
 from .erf_gelu import erf_gelus_as_gelu
 from .strided_conv import strided_convs_over_hops
@@ -116,7 +117,7 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     blob = model.proto.SerializeToString()
     # (a graph that rounds quotients, and so converts without Winograd, says so in its metadata:
     # the model's bytes already key it)
-    key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 2,
+    key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 3,
                   "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION})
     # The folder also follows the rewrite code; the key the manifest records does not, so a frozen
     # edgepack (no .py files to digest) builds the same bytes as a pip-installed one.
@@ -254,7 +255,8 @@ def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[st
     if not param.is_file() or not binf.is_file():
         raise BuildError(f"pnnx wrote no ncnn model for {model.path.name} (log: {root / 'pnnx.log'})")
     if rounds_quotients(model.proto):
-        param.write_text(without_winograd(param.read_text()))
+        # integer sums: no Winograd, and Gemms of constant B marked for integer sums (int8_gemm_patch.py)
+        param.write_text(mark_integer_gemms(without_winograd(param.read_text()))[0])
     return parse_param_layers(param.read_text())
 
 

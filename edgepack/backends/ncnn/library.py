@@ -28,6 +28,7 @@ from .batch_reshape_patch import BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights
+from .int8_gemm_patch import INT8_GEMM_PATCH_KEY, patch_int8_gemm
 from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
 from .load_reuse_patch import LOAD_REUSE_PATCH_KEY, patch_load_reuse
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
@@ -55,7 +56,8 @@ def _arch_patches(target: Target) -> tuple:
         ("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
         ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap),
         ("shared_weights_patch", SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights),
-        ("fp16_weights_patch", FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights))
+        ("fp16_weights_patch", FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights),
+        ("int8_gemm_patch", INT8_GEMM_PATCH_KEY, patch_int8_gemm))
 
 
 BASE_OPTIONS = {

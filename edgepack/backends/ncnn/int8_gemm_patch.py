@@ -1,0 +1,330 @@
+"""Integer GEMMs summed as integers on AVX2 CPUs (src/layer/gemm.{h,cpp}, src/layer/x86/gemm_x86.{h,cpp}).
+
+onnxruntime's dynamic quantisation (quantize_dynamic) turns a float MatMul into DynamicQuantizeLinear
++ MatMulInteger: activations rounded to uint8, weights stored as 8-bit integers, summed in int32.
+quantized.py lowers that to a float MatMul on integer-valued tensors (x - x_zp and w - w_zp, both in
+[-255, 255]), which ncnn ran as an fp32 Gemm: ddddocr_old_int8's 20 x 1024 x 8210 classifier read
+33.6 MB of packed fp32 weights a run and took 30% of the model's time.
+
+A Gemm line the conversion marks with ``28=1`` (convert.py: every Gemm of constant B in a graph carrying
+lowered quantisation) is taken here when the CPU has AVX2 and every value of B is an integer in
+[-255, 255]: B is packed once as int16 pairs ([N/8][K/2][8][2], no fp32 copy kept: 16.8 MB instead of
+33.6 for ddddocr's classifier). Each run checks that A holds integers in [-255, 255] (what the
+quantiser makes), converts it to int16 and sums with vpmaddwd (two 16-bit products per 32-bit lane,
+exact) into int32, then rounds each sum once to fp32: the fp32 Gemm's result wherever its partial sums
+stayed below 2^24, and onnxruntime's int32 sum where they did not. So the outputs are the same bits on
+every CPU. A run whose A fails the check (a marked layer fed something else) takes a plain fp32 loop
+over the same packed weights: right, slow, and not expected.
+
+Taken only for: constant B stored transposed (transB=1, pnnx's layout), A not constant or
+transposed, one input, alpha 1, fp32 output not transposed, K up to 32768 (int32 cannot overflow),
+no int8 scales of ncnn's own; a constant C (a bias) may be a scalar, per row or per column, and is
+added to the rounded sum (onnxruntime adds its bias after MatMulInteger, too). The code lives in
+ncnn's AVX builds of the layer (AVX-512, FMA and AVX) as AVX2 functions picked by CPUID; SSE CPUs and
+unmarked layers run ncnn's fp32 Gemm as before. AVX-512 VNNI's vpdpbusd would sum four byte products
+per lane; it is not used because this project's build host has no AVX-512 to verify it on.
+Only x86 builds compile this file, so only their cache key carries INT8_GEMM_PATCH_KEY.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .source_patch import apply_file_edits, file_edits_key
+
+INT8_GEMM_PATCH_VERSION = 1
+MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
+
+_DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
+_DECL_NEW = """public:
+    // edgepack (int8_gemm_patch.py): an integer B packed for integer sums, taken in create_pipeline
+    int ep_int8;   // 1: B taken as int16 pairs for vpmaddwd (AVX2); 0: ncnn's fp32 Gemm
+    Mat ep_b;      // B as int16, [N/8][K/2][8][2]
+    int ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<Mat>& top_blobs, const Option& opt) const;
+
+""" + _DECL_OLD
+
+_KERNEL_ANCHOR = "int Gemm_x86::create_pipeline(const Option& opt)\n{\n"
+_KERNEL = r'''// ---- edgepack (int8_gemm_patch.py) ----
+#if __AVX__
+namespace {
+
+// EDGEPACK_NCNN_TRACE=1 (the engine's measuring switch): say which layers took integer sums and which runs fell back
+static int ep_int8_trace()
+{
+    const char* t = getenv("EDGEPACK_NCNN_TRACE");
+    return t && t[0] == '1';
+}
+
+static inline float ep_b_value(const Mat& B, size_t i)
+{
+    return B.elemsize == 2u ? float16_to_float32(((const unsigned short*)B.data)[i]) : ((const float*)B.data)[i];
+}
+
+// 0 and the range of B (N x K) where every value is an integer, else -1
+static int ep_int_range(const Mat& B, int N, int K, int& lo, int& hi)
+{
+    lo = 1 << 30;
+    hi = -(1 << 30);
+    const size_t total = (size_t)N * K;
+    for (size_t i = 0; i < total; i++)
+    {
+        const float v = ep_b_value(B, i);
+        if (!(v >= -32768.f && v <= 32767.f) || v != (float)(int)v)
+            return -1;
+        lo = std::min(lo, (int)v);
+        hi = std::max(hi, (int)v);
+    }
+    return 0;
+}
+
+// R rows of int16 A (lda apart, K2 pairs) times one 8-column block of int16 B, exact int32 sums
+template<int R>
+__attribute__((target("avx2"))) static void ep_i16_rows(const short* a, size_t lda, const short* b, int K2, int* out)
+{
+    __m256i acc[R];
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_setzero_si256();
+    for (int q = 0; q < K2; q++)
+    {
+        const __m256i bv = _mm256_loadu_si256((const __m256i*)(b + (size_t)q * 16));
+        for (int r = 0; r < R; r++)
+        {
+            int a2;
+            __builtin_memcpy(&a2, a + r * lda + (size_t)q * 2, 4);
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_set1_epi32(a2), bv));
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm256_storeu_si256((__m256i*)(out + r * 8), acc[r]);
+}
+
+} // namespace
+
+int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<Mat>& top_blobs, const Option& opt) const
+{
+    const Mat& A = bottom_blobs[0];
+    const int N = constantN;
+    const int K = constantK;
+    const int ep = A.elempack;
+    const int M = (A.dims == 3 ? A.c : A.h) * ep;
+    if (A.elembits() != 32 || A.w != K || M <= 0)
+    {
+        NCNN_LOGE("edgepack int8 gemm: input %d x %d (elembits %d), expected K %d", A.w, M, A.elembits(), K);
+        return -1;
+    }
+    const size_t A_hstep = A.dims == 3 ? A.cstep : (size_t)A.w;
+    const int K2 = (K + 1) / 2;
+    const int NB = (N + 7) / 8;
+    const size_t lda = (size_t)K2 * 2; // int16 per row of the converted A
+
+    // A's rows as int16; ok stays 1 while every value is an integer in [-255, 255]
+    Mat a16(lda * 2, M, (size_t)1u, opt.workspace_allocator);
+    if (a16.empty())
+        return -100;
+    int ok = 1;
+    for (int m = 0; m < M && ok; m++)
+    {
+        const float* p = (const float*)A.data + (size_t)(m / ep) * ep * A_hstep + m % ep;
+        short* row = (short*)a16.row<unsigned char>(m);
+        for (int k = 0; k < K; k++)
+        {
+            const float v = p[(size_t)k * ep];
+            if (!(v >= -255.f && v <= 255.f) || v != (float)(int)v)
+            {
+                ok = 0;
+                break;
+            }
+            row[k] = (short)(int)v;
+        }
+        if (K % 2)
+            row[K] = 0;
+    }
+    if (!ok && ep_int8_trace())
+        NCNN_LOGE("edgepack int8 gemm: input not integers in [-255, 255], fp32 loop");
+
+    int out_elempack = 1;
+    if (opt.use_packing_layout)
+    {
+#if __AVX512F__
+        out_elempack = M % 16 == 0 ? 16 : M % 8 == 0 ? 8 : M % 4 == 0 ? 4 : 1;
+#else
+        out_elempack = M % 8 == 0 ? 8 : M % 4 == 0 ? 4 : 1;
+#endif
+    }
+    if (output_elempack)
+        out_elempack = output_elempack;
+    Mat& top_blob = top_blobs[0];
+    if (output_N1M)
+        top_blob.create(N, 1, M / out_elempack, 4u * out_elempack, out_elempack, opt.blob_allocator);
+    else
+        top_blob.create(N, M / out_elempack, 4u * out_elempack, out_elempack, opt.blob_allocator);
+    if (top_blob.empty())
+        return -100;
+    const size_t top_hstep = top_blob.dims == 3 ? top_blob.cstep : (size_t)top_blob.w;
+    const int oep = out_elempack;
+    // a constant C (beta already applied by create_pipeline): a scalar, one per row or one per column
+    const int c_type = constantC ? constant_broadcast_type_C : -1;
+    const float* c_data = c_type == -1 ? 0 : (const float*)CT_data.data;
+
+    #pragma omp parallel for num_threads(opt.num_threads)
+    for (int nb = 0; nb < NB; nb++)
+    {
+        const short* b = (const short*)ep_b.row<const unsigned char>(nb);
+        const int cols = std::min(8, N - nb * 8);
+        int acc[8 * 8];
+        for (int m0 = 0; m0 < M; m0 += 8)
+        {
+            const int rows = std::min(8, M - m0);
+            if (ok)
+            {
+                const short* a = (const short*)a16.row<const unsigned char>(m0);
+                int r = 0;
+                for (; r + 8 <= rows; r += 8)
+                    ep_i16_rows<8>(a + r * lda, lda, b, K2, acc + r * 8);
+                for (; r + 4 <= rows; r += 4)
+                    ep_i16_rows<4>(a + r * lda, lda, b, K2, acc + r * 8);
+                for (; r < rows; r++)
+                    ep_i16_rows<1>(a + r * lda, lda, b, K2, acc + r * 8);
+            }
+            for (int r = 0; r < rows; r++)
+            {
+                const int m = m0 + r;
+                const float c_row = c_type == 0 ? c_data[0] : c_type == 1 || c_type == 2 ? c_data[m] : 0.f;
+                const float* c_col = c_type == 4 ? c_data + nb * 8 : 0;
+                float* out = (float*)((unsigned char*)top_blob.data + (size_t)(m / oep) * top_hstep * top_blob.elemsize) + m % oep;
+                float s[8] = {0.f};
+                if (ok)
+                {
+                    for (int j = 0; j < cols; j++)
+                        s[j] = (float)acc[r * 8 + j]; // exact: the int32 sum, rounded once
+                }
+                else
+                {
+                    // not integers in range: fp32 sums over the same weights, depth by depth
+                    const float* p = (const float*)A.data + (size_t)(m / ep) * ep * A_hstep + m % ep;
+                    for (int k = 0; k < K; k++)
+                    {
+                        const float av = p[(size_t)k * ep];
+                        const short* bk = b + (size_t)(k / 2) * 16 + k % 2;
+                        for (int j = 0; j < 8; j++)
+                            s[j] += av * (float)bk[j * 2];
+                    }
+                }
+                for (int j = 0; j < cols; j++)
+                    out[(size_t)(nb * 8 + j) * oep] = s[j] + (c_col ? c_col[j] : c_row);
+            }
+        }
+    }
+    return 0;
+}
+#endif // __AVX__
+// ---- end edgepack ----
+
+'''
+
+_PACK_OLD = """    if (constantB)
+    {
+        const int N = constantN;
+        const int K = constantK;
+
+        int TILE_M, TILE_N, TILE_K;
+        get_optimal_tile_mnk(0, N, K,"""
+_PACK_NEW = """#if __AVX__
+    // edgepack (int8_gemm_patch.py): a marked integer B packed as int16 pairs instead
+    const int ep_c = constantC ? constant_broadcast_type_C : -1;
+    int ep_lo = 0, ep_hi = 0;
+    if (constantB && !constantA && transB && !transA && bottoms.size() == 1 && alpha == 1.f
+            && (ep_c == -1 || ep_c == 0 || ep_c == 1 || ep_c == 2 || ep_c == 4)
+            && !output_transpose && output_elemtype <= 1 && ep_mark == 1 && constantK >= 2 && constantK <= 32768
+            && B_data.elemsize != 1u && cpu_support_x86_avx2()
+            && ep_int_range(B_data, constantN, constantK, ep_lo, ep_hi) == 0 && ep_lo >= -255 && ep_hi <= 255)
+    {
+        const int N = constantN;
+        const int K = constantK;
+        const int K2 = (K + 1) / 2;
+        const int NB = (N + 7) / 8;
+        ep_b.create(K2 * 32, NB, (size_t)1u, (Allocator*)0);
+        if (ep_b.empty())
+            return -100;
+        #pragma omp parallel for num_threads(opt.num_threads)
+        for (int nb = 0; nb < NB; nb++)
+        {
+            short* b = (short*)ep_b.row<unsigned char>(nb);
+            for (int j = 0; j < 8; j++)
+            {
+                const int n = nb * 8 + j;
+                for (int k = 0; k < K2 * 2; k++)
+                    b[(size_t)(k / 2) * 16 + j * 2 + k % 2] = n < N && k < K ? (short)(int)ep_b_value(B_data, (size_t)n * K + k) : 0;
+            }
+        }
+        ep_int8 = 1;
+        B_data.release();
+        if (ep_int8_trace())
+            NCNN_LOGE("edgepack int8 gemm: %d x %d taken (int16 pairs, AVX2)", N, K);
+    }
+#endif // __AVX__
+
+    if (constantB && !ep_int8)
+    {
+        const int N = constantN;
+        const int K = constantK;
+
+        int TILE_M, TILE_N, TILE_K;
+        get_optimal_tile_mnk(0, N, K,"""
+
+_FWD_OLD = """#if NCNN_INT8
+    if (quantize_term)
+    {
+        // return Gemm::forward_int8(bottom_blobs, top_blobs, opt);
+        return forward_int8(bottom_blobs, top_blobs, opt);
+    }
+#endif
+"""
+_FWD_NEW = _FWD_OLD + """
+#if __AVX__
+    if (ep_int8)
+        return ep_forward_int8(bottom_blobs, top_blobs, opt);
+#endif
+"""
+
+# the mark is a Gemm parameter: read with the others (src/layer/gemm.{h,cpp})
+_GEMM_H_OLD = "    int output_transpose;\n"
+_GEMM_H_NEW = _GEMM_H_OLD + "    int ep_mark; // edgepack (int8_gemm_patch.py): 28=1, an integer GEMM\n"
+_GEMM_LOAD_OLD = "    output_transpose = pd.get(14, 0);\n"
+_GEMM_LOAD_NEW = _GEMM_LOAD_OLD + f"    ep_mark = pd.get({MARK_KEY}, 0);\n"
+
+_FILE_EDITS = (
+    ("src/layer/gemm.h", (("Gemm's output_transpose", _GEMM_H_OLD, _GEMM_H_NEW, 1),)),
+    ("src/layer/gemm.cpp", (("Gemm::load_param's output_transpose", _GEMM_LOAD_OLD, _GEMM_LOAD_NEW, 1),)),
+    ("src/layer/x86/gemm_x86.h", (("Gemm_x86's members", _DECL_OLD, _DECL_NEW, 1),)),
+    ("src/layer/x86/gemm_x86.cpp", (
+        ("the kernel, before create_pipeline", _KERNEL_ANCHOR, _KERNEL + _KERNEL_ANCHOR + "    ep_int8 = 0;\n", 1),
+        ("the fp32 packing of a constant B", _PACK_OLD, _PACK_NEW, 1),
+        ("forward's quantised branch", _FWD_OLD, _FWD_NEW, 1),
+    )),
+)
+
+INT8_GEMM_PATCH_KEY = file_edits_key(INT8_GEMM_PATCH_VERSION, _FILE_EDITS)
+
+
+def patch_int8_gemm(src: Path) -> None:
+    """Apply the edits to an unpacked ncnn source tree, in place (x86 builds, after fp16_weights_patch.py,
+    whose B may still be fp16 here)."""
+    apply_file_edits(src, _FILE_EDITS, "int8_gemm_patch.py")
+
+
+def mark_integer_gemms(param_text: str) -> tuple[str, int]:
+    """The .param text with every Gemm of constant B marked as an integer GEMM (for graphs with lowered
+    dynamic quantisation), and how many were marked. The library still checks B and each run's A."""
+    out, marked = [], 0
+    for line in param_text.splitlines():
+        t = line.split()
+        if len(t) > 4 and t[0] == "Gemm" and t[2].isdigit() and t[3].isdigit():
+            head = 4 + int(t[2]) + int(t[3])
+            fields = dict(kv.split("=", 1) for kv in t[head:] if "=" in kv and not kv.startswith("-"))
+            if fields.get("5") == "1":
+                rest = [kv for kv in t[head:] if not kv.startswith(f"{MARK_KEY}=")]
+                line = " ".join(t[:head] + rest + [f"{MARK_KEY}=1"])
+                marked += 1
+        out.append(line)
+    return "\n".join(out) + "\n", marked

@@ -1,0 +1,137 @@
+"""Dynamically quantised MatMuls (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger) are summed as
+integers on AVX2 CPUs (edgepack/backends/ncnn/int8_gemm_patch.py) and give onnxruntime's answer.
+
+The model has two heads on one 20 x 300 input (rows not a multiple of 16: packed 4 per row): a
+quantised MatMul to 1000 columns with uint8 weights and a bias (N not a multiple of 8: a part block),
+and a float MatMul whose weights are small integers but whose input is not, which the conversion marks
+too (it marks every Gemm of constant B in a lowered graph) and which must fall back to fp32 sums.
+On AVX2 CPUs (natively, capped with EDGEPACK_NCNN_OPTIONS=isa=avx2, and qemu's Haswell) the library says
+both layers took int16 pairs and the second fell back; on SSE CPUs (capped with isa=sse, qemu's Nehalem)
+neither is taken and ncnn's fp32 Gemm runs. The quantised head's outputs are the same bits on every CPU
+and thread count: its integer sums are exact either way."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import run_edgepack
+from edgepack.backends.ncnn.int8_gemm_patch import MARK_KEY, mark_integer_gemms
+from edgepack.runner import command_for_cpu
+
+M, K, N, N2 = 20, 300, 1000, 40
+
+
+def _host_flags() -> set[str]:
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    return set(flags.partition(":")[2].split())
+
+
+def _expected_mode(cpu: str) -> str | None:
+    """Which integer kernel the library should pick on `cpu`, None for ncnn's fp32 Gemm."""
+    if cpu in ("native", "native isa=avx2") and "avx2" in _host_flags() or cpu == "Haswell-noTSX":
+        return "int16 pairs, AVX2"
+    return None   # "native isa=sse", Nehalem
+
+
+@pytest.fixture(scope="module")
+def int8_model(tmp_path_factory) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    rng = np.random.default_rng(11)
+    tmp = tmp_path_factory.mktemp("int8gemm")
+    w = (rng.standard_normal((K, N)) * 0.2 + 0.05).astype(np.float32)   # off-centre: uint8 zero point not 128
+    w2 = rng.integers(-3, 4, (K, N2)).astype(np.float32)                  # integers, fed a float input
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="quantised"),
+             helper.make_node("Add", ["m", "b"], ["y"]),
+             helper.make_node("Sigmoid", ["x"], ["s"]),
+             helper.make_node("MatMul", ["s", "w2"], ["z"], name="float_integer_weights")]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array((rng.standard_normal(N) * 0.1).astype(np.float32), "b"),
+             numpy_helper.from_array(w2, "w2")]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "int8gemm", [helper.make_tensor_value_info("x", f, [1, M, K])],
+                              [helper.make_tensor_value_info("y", f, [1, M, N]),
+                               helper.make_tensor_value_info("z", f, [1, M, N2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    src, dst = tmp / "int8gemm-float.onnx", tmp / "int8gemm.onnx"
+    onnx.save(model, src)
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(src, dst, weight_type=QuantType.QUInt8, nodes_to_exclude=["float_integer_weights"])
+    ops = [n.op_type for n in onnx.load(dst).graph.node]
+    assert ops.count("MatMulInteger") == 1 and ops.count("MatMul") == 1, ops
+    return dst
+
+
+def _run(art: Path, cpu: str, x_path: Path, out: Path, threads: int = 1) -> tuple[dict, str]:
+    cpu, _, isa = cpu.partition(" ")
+    env = {**os.environ, "EDGEPACK_NCNN_TRACE": "1"}
+    if isa:
+        env["EDGEPACK_NCNN_OPTIONS"] = isa
+    run = subprocess.run(command_for_cpu(art, cpu) + ["run", "--input", f"x={x_path}", "--output", str(out),
+                                                      "--threads", str(threads)],
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, f"{cpu}: {run.stderr[-3000:]}"
+    files = json.loads(run.stdout)["outputs"]
+    return {name: np.load(files[name]["file"]) for name in ("y", "z")}, run.stderr
+
+
+def test_marks_only_gemms_of_constant_b():
+    text = ("7767517\n3 3\nInput in0 0 1 in0\n"
+            "Gemm gemm_0 1 1 in0 a 5=1 8=1000 9=300 3=1\n"
+            "Gemm gemm_1 2 1 a c b 5=0 3=1\n")
+    marked, count = mark_integer_gemms(text)
+    lines = marked.splitlines()
+    assert count == 1
+    assert lines[3].endswith(f" {MARK_KEY}=1") and f"{MARK_KEY}=" not in lines[4]
+    assert mark_integer_gemms(marked) == (marked, 1)   # marking twice adds nothing
+
+
+def test_quantised_matmul_runs_in_int8_and_matches_onnxruntime(int8_model, tmp_path):
+    dist = tmp_path / "dist"
+    proc = run_edgepack("build", str(int8_model), "--target", "x86_64", "--backend", "ncnn", "--fp32",
+                        "--out", str(dist), "--json")
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
+    art = dist / "int8gemm-x86_64"
+    assert json.loads((dist / "int8gemm-x86_64.json").read_text())["backend"]["name"] == "ncnn"
+
+    x = (np.random.default_rng(7).standard_normal((1, M, K)) * 2).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want_y, want_z = ort.InferenceSession(str(int8_model), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+    runs = {}
+    for cpu in ("native", "native isa=avx2", "native isa=sse", "Haswell-noTSX", "Nehalem"):
+        got, log = _run(art, cpu, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-"))
+        taken = [line for line in log.splitlines() if "edgepack int8 gemm:" in line and "taken" in line]
+        fell_back = [line for line in log.splitlines() if "fp32 loop" in line]
+        mode = _expected_mode(cpu)
+        if mode:
+            # both marked Gemms (their B are integers); the float-fed one falls back, once per run
+            assert len(taken) == 2 and all(mode in line for line in taken), (cpu, log[-2000:])
+            assert f"{N} x {K} taken" in log and f"{N2} x {K} taken" in log, (cpu, log[-2000:])
+            assert len(fell_back) == 1, (cpu, log[-2000:])
+        else:
+            assert not taken and not fell_back, (cpu, log[-2000:])
+        runs[cpu] = got
+
+    native = runs["native"]
+    # the quantised head: exact integer sums, then the same scale and bias as onnxruntime
+    y_scale = float(np.abs(want_y).max())
+    assert y_scale > 1 and float(np.abs(native["y"].reshape(want_y.shape) - want_y).max()) <= 1e-6 * y_scale
+    # the float-fed head: fp32 sums of a float input
+    z_scale = float(np.abs(want_z).max())
+    assert z_scale > 1 and float(np.abs(native["z"].reshape(want_z.shape) - want_z).max()) <= 1e-5 * z_scale
+    for cpu, got in runs.items():
+        np.testing.assert_array_equal(got["y"], native["y"], err_msg=cpu)   # integers: the same sums everywhere
+        assert float(np.abs(got["z"] - native["z"]).max()) <= 1e-5 * z_scale, cpu
+    two, _ = _run(art, "native", tmp_path / "x.npy", tmp_path / "native2", threads=2)
+    np.testing.assert_array_equal(two["y"], native["y"])
+    np.testing.assert_array_equal(two["z"], native["z"])
