@@ -111,3 +111,19 @@ def test_fp16_weights_patch_is_x86_only_and_applies_after_the_edits_it_extends()
     assert "if (constantB != 1 || transB != 1 || weight_block_quantize || quantize_term" in _GEMM_LOAD_NEW
     assert "#define EP_GEMM_KEEP_FP16_MIN (1 << 19)" in _GEMM_LOAD_NEW
     assert "ep_widen_fp16_block(B_data, K, j, max_jj, k, max_kk, block);" in _GEMM_PACK_NEW
+
+
+def test_int8_gemm_patch_is_x86_only_and_comes_after_the_fp16_weights():
+    # its packing reads B as fp16_weights_patch leaves it (fp16 or fp32), so it must apply after it
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.int8_gemm_patch import INT8_GEMM_PATCH_KEY, MARK_KEY, _PACK_NEW
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    x86 = dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))
+    assert list(x86).index("int8_gemm_patch") > list(x86).index("fp16_weights_patch")
+    assert x86["int8_gemm_patch"] == INT8_GEMM_PATCH_KEY
+    assert "int8_gemm_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
+    # taken only where the sums cannot overflow int32 and the CPU can run vpmaddwd, and only when marked
+    assert "constantK <= 32768" in _PACK_NEW and "cpu_support_x86_avx2()" in _PACK_NEW and "ep_mark == 1" in _PACK_NEW
+    assert "ep_lo >= -255 && ep_hi <= 255" in _PACK_NEW
+    assert MARK_KEY not in range(0, 23) and MARK_KEY < 30   # Gemm reads keys 0-22; 30-31 are the Layer's
