@@ -19,3 +19,25 @@ def run_edgepack(*args, cwd: Path | None = None, timeout: float = 3600, env: dic
     env = {**os.environ, "COLUMNS": "250", **(env or {})}
     return subprocess.run(edgepack_cmd(*map(str, args)), capture_output=True, text=True, cwd=cwd, timeout=timeout,
                           env=env)
+
+
+def run_artifact_on(art: Path, cpu: str, inputs: dict, out: Path, names, threads: int = 1,
+                    env: dict | None = None) -> tuple[dict, str]:
+    """Run an artifact on one CPU: "native", a qemu CPU model, or either followed by an
+    EDGEPACK_NCNN_OPTIONS list ("native isa=sse"). Returns its outputs `names` as arrays, and its stderr."""
+    import json
+
+    import numpy as np
+
+    from edgepack.runner import command_for_cpu
+    cpu, _, switches = cpu.partition(" ")
+    env = {**os.environ, **(env or {})}
+    if switches:
+        env["EDGEPACK_NCNN_OPTIONS"] = switches
+    argv = command_for_cpu(art, cpu) + ["run", "--output", str(out), "--threads", str(threads)]
+    for name, path in inputs.items():
+        argv += ["--input", f"{name}={path}"]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, f"{cpu} {switches}: {run.stderr[-3000:]}"
+    files = json.loads(run.stdout)["outputs"]
+    return {name: np.load(files[name]["file"]) for name in names}, run.stderr

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +21,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_edgepack
+from clirun import run_artifact_on, run_edgepack
 from edgepack.backends.ncnn.int8_gemm_patch import MARK_KEY, mark_integer_gemms
-from edgepack.runner import command_for_cpu
 
 M, K, N, N2 = 20, 300, 1000, 40
 
@@ -71,16 +68,7 @@ def int8_model(tmp_path_factory) -> Path:
 
 
 def _run(art: Path, cpu: str, x_path: Path, out: Path, threads: int = 1) -> tuple[dict, str]:
-    cpu, _, isa = cpu.partition(" ")
-    env = {**os.environ, "EDGEPACK_NCNN_TRACE": "1"}
-    if isa:
-        env["EDGEPACK_NCNN_OPTIONS"] = isa
-    run = subprocess.run(command_for_cpu(art, cpu) + ["run", "--input", f"x={x_path}", "--output", str(out),
-                                                      "--threads", str(threads)],
-                         capture_output=True, text=True, timeout=900, env=env)
-    assert run.returncode == 0, f"{cpu}: {run.stderr[-3000:]}"
-    files = json.loads(run.stdout)["outputs"]
-    return {name: np.load(files[name]["file"]) for name in ("y", "z")}, run.stderr
+    return run_artifact_on(art, cpu, {"x": x_path}, out, ("y", "z"), threads, env={"EDGEPACK_NCNN_TRACE": "1"})
 
 
 def test_marks_only_gemms_of_constant_b():

@@ -127,3 +127,23 @@ def test_int8_gemm_patch_is_x86_only_and_comes_after_the_fp16_weights():
     assert "constantK <= 32768" in _PACK_NEW and "cpu_support_x86_avx2()" in _PACK_NEW and "ep_mark == 1" in _PACK_NEW
     assert "fail = !(v >= -255.f && v <= 255.f) || v != (float)(int)v;" in _PACK_NEW
     assert MARK_KEY not in range(0, 23) and MARK_KEY < 30   # Gemm reads keys 0-22; 30-31 are the Layer's
+
+
+def test_dw_block_patch_is_x86_only_and_sums_each_pixel_in_ncnn_order():
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.dw_block_patch import DW_BLOCK_PATCH_KEY, _PACK4_NEW, _PACK8_NEW, _PACK16_NEW
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))["dw_block_patch"] == DW_BLOCK_PATCH_KEY
+    assert "dw_block_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
+    for text, lanes, madd in ((_PACK16_NEW, 16, "_mm512_fmadd_ps"), (_PACK8_NEW, 8, "_mm256_comp_fmadd_ps"),
+                              (_PACK4_NEW, 4, "_mm_add_ps(_mm_mul_ps")):
+        # every sum starts from the bias and takes the taps in order, one multiply-add each
+        for s in range(8):
+            assert f"_s{s} = {madd}(" in text
+            assert f"(p + sstep * {s}), _w" in text and f"_s{s} = _b;" in text
+        assert "for (int k = 0; k < maxk; k++)" in text and "for (; j + 7 < outw; j += 8)" in text
+        assert "for (; j + 3 < outw; j += 4)" in text and f"* {lanes});" in text
+        assert text.count("for (; j < outw; j++)") == 1    # the pixels left take ncnn's loop
+    assert _PACK4_NEW.count("activation_sse(") == 12         # the 4-lane loop's fused activation, on all 8 + 4 sums
+    assert "outptr += 8 * 16;" in _PACK16_NEW and "outptr += 4 * 16;" in _PACK16_NEW

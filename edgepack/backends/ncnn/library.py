@@ -26,6 +26,7 @@ from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .batch_reshape_patch import BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
+from .dw_block_patch import DW_BLOCK_PATCH_KEY, patch_dw_block
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights
 from .int8_gemm_patch import INT8_GEMM_PATCH_KEY, patch_int8_gemm
@@ -57,7 +58,8 @@ def _arch_patches(target: Target) -> tuple:
         ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap),
         ("shared_weights_patch", SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights),
         ("fp16_weights_patch", FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights),
-        ("int8_gemm_patch", INT8_GEMM_PATCH_KEY, patch_int8_gemm))
+        ("int8_gemm_patch", INT8_GEMM_PATCH_KEY, patch_int8_gemm),
+        ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block))
 
 
 BASE_OPTIONS = {

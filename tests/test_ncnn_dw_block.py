@@ -1,0 +1,95 @@
+"""Depthwise convolutions that ncnn has no dedicated x86 kernel for (7x7, dilated 3x3) sum eight, then
+four output pixels at a time (edgepack/backends/ncnn/dw_block_patch.py) and give onnxruntime's answer,
+each pixel summed in ncnn's own order.
+
+One 48-channel input feeds three depthwise layers: 7x7 without padding (29 output columns: three
+blocks of eight, one of four, one pixel for ncnn's loop), 7x7 at stride 2 with padding, bias and a
+fused ReLU (the 4-lane loop applies it inline), and 3x3 at dilation 2. 48 channels run packed 16 on
+AVX-512 CPUs, 8 on AVX2 ones (natively or capped with EDGEPACK_NCNN_OPTIONS=isa=avx2, qemu's Haswell)
+and 4 on SSE ones (isa=sse, qemu's Nehalem), so each run takes one of the three patched loops.
+
+The same order for every pixel is checked bit for bit: fed an input whose columns are all alike, every
+output of the unpadded layer sees the same 49 products in the same order, so a row's 29 outputs (in a
+block of eight, of four, or ncnn's loop) must be the same bits."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from clirun import run_artifact_on, run_edgepack
+
+C, H, W = 48, 20, 35
+OUTPUTS = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def dw_model(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(5)
+    tmp = tmp_path_factory.mktemp("dwblock")
+
+    def weights(name: str, k: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal((C, 1, k, k)) / k).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "wa", "ba"], ["a"], group=C, kernel_shape=[7, 7]),
+             helper.make_node("Conv", ["x", "wb", "bb"], ["pb"], group=C, kernel_shape=[7, 7], strides=[2, 2],
+                              pads=[3, 3, 3, 3]),
+             helper.make_node("Relu", ["pb"], ["b"]),
+             helper.make_node("Conv", ["x", "wc"], ["c"], group=C, kernel_shape=[3, 3], dilations=[2, 2],
+                              pads=[2, 2, 2, 2])]
+    inits = [weights("wa", 7), weights("wb", 7), weights("wc", 3),
+             numpy_helper.from_array(rng.standard_normal(C).astype(np.float32), "ba"),
+             numpy_helper.from_array(rng.standard_normal(C).astype(np.float32), "bb")]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "dwblock", [helper.make_tensor_value_info("x", f, [1, C, H, W])],
+                              [helper.make_tensor_value_info("a", f, [1, C, H - 6, W - 6]),
+                               helper.make_tensor_value_info("b", f, [1, C, (H + 1) // 2, (W + 1) // 2]),
+                               helper.make_tensor_value_info("c", f, [1, C, H, W])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp / "dwblock.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def _run(art: Path, cpu: str, x_path: Path, out: Path, threads: int = 1) -> dict:
+    return run_artifact_on(art, cpu, {"x": x_path}, out, OUTPUTS, threads)[0]
+
+
+def test_generic_depthwise_in_blocks_matches_onnxruntime_on_every_packing(dw_model, tmp_path):
+    dist = tmp_path / "dist"
+    proc = run_edgepack("build", str(dw_model), "--target", "x86_64", "--backend", "ncnn", "--fp32",
+                        "--out", str(dist), "--json")
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
+    art = dist / "dwblock-x86_64"
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, C, H, W)).astype(np.float32)
+    alike = np.repeat(rng.standard_normal((1, C, H, 1)).astype(np.float32), W, axis=3)   # every column the same
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "alike.npy", alike)
+    session = ort.InferenceSession(str(dw_model), providers=["CPUExecutionProvider"])
+    want = dict(zip(OUTPUTS, session.run(list(OUTPUTS), {"x": x})))
+    assert want["a"].shape == (1, C, H - 6, W - 6) and want["b"].shape == (1, C, 10, 18)
+
+    for cpu in ("native", "native isa=avx2", "native isa=sse", "Haswell-noTSX", "Nehalem"):
+        got = _run(art, cpu, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-"))
+        for name in OUTPUTS:
+            scale = float(np.abs(want[name]).max())
+            err = float(np.abs(got[name].reshape(want[name].shape) - want[name]).max())
+            assert scale > 1 and err <= 2e-6 * scale, (cpu, name, err, scale)
+        rows = _run(art, cpu, tmp_path / "alike.npy", tmp_path / f"alike-{cpu.replace(' ', '-')}")["a"]
+        rows = rows.reshape(want["a"].shape)
+        assert float(np.abs(rows).max()) > 1
+        np.testing.assert_array_equal(rows, np.repeat(rows[..., :1], W - 6, axis=3), err_msg=cpu)
+
+    one = _run(art, "native", tmp_path / "x.npy", tmp_path / "one")
+    two = _run(art, "native", tmp_path / "x.npy", tmp_path / "two", threads=2)
+    for name in OUTPUTS:
+        np.testing.assert_array_equal(two[name], one[name], err_msg=name)
