@@ -10,7 +10,7 @@ import subprocess
 from edgepack.runner import command_for
 from fuzz_targets import build_fuzzer, run_fuzzer, write_seeds
 
-SEEDS = ("winograd=1,sgemm=0,pool=arena", "pool=local,fp16=1,packing=0", "pool=unlocked,pool=none",
+SEEDS = ("winograd=1,sgemm=0,pool=arena", "pool=local,fp16=1,fp16a=0,packing=0", "pool=unlocked,pool=none",
          "pool=one,winograd=0", "pool=best", "isa=avx2,pool=best")
 
 
@@ -18,7 +18,7 @@ def test_ncnn_options_parser_survives_fuzzing_under_asan(tmp_path):
     exe = build_fuzzer("ncnn_options", tmp_path)
     seeds = write_seeds(tmp_path / "seeds", ((f"seed{i}.txt", t.encode()) for i, t in enumerate(SEEDS)))
     out = run_fuzzer(exe, "6000", seeds)
-    assert "known lists: 26 parsed as expected" in out
+    assert "known lists: 28 parsed as expected" in out
     assert "fuzzed 36000 inputs" in out  # 6 seeds x 6000
 
 

@@ -93,3 +93,41 @@ def test_generic_depthwise_in_blocks_matches_onnxruntime_on_every_packing(dw_mod
     two = _run(art, "native", tmp_path / "x.npy", tmp_path / "two", threads=2)
     for name in OUTPUTS:
         np.testing.assert_array_equal(two[name], one[name], err_msg=name)
+
+
+def _build_arm(model: Path, dist: Path, precision: str) -> Path:
+    proc = run_edgepack("build", str(model), "--target", "arm64", "--backend", "ncnn", precision,
+                        "--verify-on", "max", "--out", str(dist), "--json")
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
+    return dist / "dwblock-arm64"
+
+
+def test_generic_depthwise_in_blocks_on_arm(dw_model, tmp_path):
+    # an fp32 build on cortex-a53 and qemu's "max" (4 lanes of fp32); an fp16 build on "max", which
+    # has fp16 arithmetic: as built (fp16 arithmetic, 8 lanes) and with it switched off (fp16 storage
+    # summed in fp32, 4 lanes)
+    fp32 = _build_arm(dw_model, tmp_path / "fp32", "--fp32")
+    fp16 = _build_arm(dw_model, tmp_path / "fp16", "--fp16")
+    assert json.loads(fp16.with_name("dwblock-arm64.json").read_text())["precision_rung"] == "fp16-arith"
+
+    x = np.random.default_rng(9).standard_normal((1, C, H, W)).astype(np.float32)
+    alike = np.repeat(np.random.default_rng(3).standard_normal((1, C, H, 1)).astype(np.float32), W, axis=3)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "alike.npy", alike)
+    session = ort.InferenceSession(str(dw_model), providers=["CPUExecutionProvider"])
+    want = dict(zip(OUTPUTS, session.run(list(OUTPUTS), {"x": x})))
+    runs = ((fp32, "cortex-a53", 2e-6), (fp32, "max", 2e-6), (fp16, "max", 1e-2), (fp16, "max fp16a=0", 1e-2))
+    outs = {}
+    for art, cpu, bound in runs:
+        tag = f"{art.parent.name}-{cpu.replace(' ', '-')}"
+        got = outs[tag] = _run(art, cpu, tmp_path / "x.npy", tmp_path / tag)
+        for name in OUTPUTS:
+            scale = float(np.abs(want[name]).max())
+            err = float(np.abs(got[name].reshape(want[name].shape) - want[name]).max())
+            assert err <= bound * scale, (tag, name, err, scale)
+        rows = _run(art, cpu, tmp_path / "alike.npy", tmp_path / f"alike-{tag}")["a"].reshape(want["a"].shape)
+        np.testing.assert_array_equal(rows, np.repeat(rows[..., :1], W - 6, axis=3), err_msg=tag)
+    # the fp16 build ran two different loops: fp16 sums and fp32 sums of fp16 values
+    assert not np.array_equal(outs["fp16-max"]["a"], outs["fp16-max-fp16a=0"]["a"])
+    np.testing.assert_array_equal(outs["fp32-max"]["a"], outs["fp32-cortex-a53"]["a"])

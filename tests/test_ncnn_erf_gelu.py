@@ -9,8 +9,10 @@ import math
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from clirun import run_artifact_on
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
 
@@ -47,3 +49,35 @@ def test_erf_gelus_run_as_ncnn_gelu_and_match_onnxruntime(tmp_path):
     assert "BinaryOp" not in backend["layers"], backend["layers"]  # the factor 2 went into the Convs' weights
     x = np.random.default_rng(2).standard_normal((1, 3, 40, 40)).astype(np.float32)
     assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path)
+
+
+def test_gelu_holds_exact_erf_on_every_cpu(tmp_path):
+    # ncnn's x86 GELU with edgepack's rational erf (gelu_erf_patch.py): values across [-9, 9] (past the
+    # erf clamp at 4 sqrt 2), 16 channels packed 16, 8 or 4 by CPU, checked against 0.5 x (1 + erf(x / sqrt 2))
+    # in float64 and against onnxruntime
+    shape = (1, 16, 30, 35)
+    f = TensorProto.FLOAT
+    inits = [numpy_helper.from_array(np.array(v, dtype=np.float32), n)
+             for n, v in (("sqrt2", math.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", f, list(shape))],
+                              [helper.make_tensor_value_info("y", f, list(shape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "gelu.onnx")
+    art = build_fp32_ncnn(tmp_path / "gelu.onnx", tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "gelu-x86_64.json").read_text())["backend"]["layers"] == ["GELU", "Input"]
+
+    x = np.linspace(-9, 9, math.prod(shape)).astype(np.float32)
+    x = x[np.random.default_rng(4).permutation(x.size)].reshape(shape)
+    np.save(tmp_path / "x.npy", x)
+    exact = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.reshape(-1).tolist()]).reshape(shape)
+    want = ort.InferenceSession(str(tmp_path / "gelu.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert float(np.abs(want - exact).max()) < 2e-6
+    for cpu in ("native", "native isa=avx2", "native isa=sse", "Haswell-noTSX", "Nehalem"):
+        got = run_artifact_on(art, cpu, {"x": tmp_path / "x.npy"}, tmp_path / cpu.replace(" ", "-"), ("y",))[0]["y"]
+        got = got.reshape(shape).astype(np.float64)
+        assert float(np.abs(got - exact).max()) < 2e-6, cpu    # 9 x 2e-7: a few units in the last place
+        assert float(np.abs(got - want).max()) < 3e-6, cpu

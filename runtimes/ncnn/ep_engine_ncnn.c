@@ -238,7 +238,7 @@ static void trace(const char *stage) {
 }
 
 /* ncnn's x86/Arm switches, from a comma-separated "key=value" list: winograd, sgemm, packing,
- * fp16 (storage), 0 or 1; pool=arena (ep_ncnn_pool.cc, the engine's default), best<N> (its best-fit pool), local
+ * fp16 (storage), fp16a (arithmetic), 0 or 1; pool=arena (ep_ncnn_pool.cc, the engine's default), best<N> (its best-fit pool), local
  * (ncnn's own per-net first-fit pools, ncnn's default), shared (one PoolAllocator
  * each for blobs and workspace), one (a single PoolAllocator for both), unlocked (UnlockedPoolAllocator), none (plain malloc). Read from
  * EDGEPACK_NCNN_OPTIONS, for measuring where time and memory go (bench/bench_memory.py --switches):
@@ -255,6 +255,8 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
         else if (sw.key == EP_NCNN_SW_FP16) {
             ncnn_option_set_use_fp16_storage(e->opt, sw.on);
             ncnn_option_set_use_fp16_packed(e->opt, sw.on);
+        } else if (sw.key == EP_NCNN_SW_FP16A) {  /* ncnn uses it only where the CPU has fp16 arithmetic */
+            ncnn_option_set_use_fp16_arithmetic(e->opt, sw.on);
         } else if (sw.key == EP_NCNN_SW_BF16) {  /* only where libncnn was built with NCNN_BF16 */
             ncnn_option_set_use_bf16_storage(e->opt, sw.on);
             ncnn_option_set_use_bf16_packed(e->opt, sw.on);

@@ -4,8 +4,9 @@
  *
  * Header-only (static functions) so the engine's source list stays as it is.
  * The list: comma-separated key=value items, each under 64 bytes: winograd, sgemm, packing, fp16,
- * bf16 ("1" on, anything else off), pool=best[<N>] (N <= 1000, default 100), local, shared, one,
- * unlocked or none, isa=avx512, avx2 or sse (x86: run as a CPU without the extensions above it). */
+ * fp16a (fp16 arithmetic, where the CPU has it), bf16 ("1" on, anything else off), pool=best[<N>]
+ * (N <= 1000, default 100), local, shared, one, unlocked or none, isa=avx512, avx2 or sse (x86: run
+ * as a CPU without the extensions above it). */
 #ifndef EP_NCNN_SWITCHES_H
 #define EP_NCNN_SWITCHES_H
 
@@ -23,6 +24,7 @@ typedef enum {
     EP_NCNN_SW_BF16,
     EP_NCNN_SW_POOL,
     EP_NCNN_SW_ISA,
+    EP_NCNN_SW_FP16A,
 } ep_ncnn_switch_key;
 
 typedef enum {
@@ -37,7 +39,7 @@ typedef enum {
 
 typedef struct {
     ep_ncnn_switch_key key;
-    int on;                 /* winograd, sgemm, packing, fp16, bf16 */
+    int on;                 /* winograd, sgemm, packing, fp16, fp16a, bf16 */
     ep_ncnn_pool_kind pool; /* pool */
     unsigned slack;         /* pool=best<N>: a cached buffer serves requests down to 1/(1+N%) of its size */
     int isa;                /* isa: 3 avx512 (as detected), 2 avx2 (no AVX-512), 1 sse (no AVX) */
@@ -66,6 +68,7 @@ static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status 
     else if (strcmp(k, "sgemm") == 0) sw->key = EP_NCNN_SW_SGEMM;
     else if (strcmp(k, "packing") == 0) sw->key = EP_NCNN_SW_PACKING;
     else if (strcmp(k, "fp16") == 0) sw->key = EP_NCNN_SW_FP16;
+    else if (strcmp(k, "fp16a") == 0) sw->key = EP_NCNN_SW_FP16A;
     else if (strcmp(k, "bf16") == 0) sw->key = EP_NCNN_SW_BF16;
     else if (strcmp(k, "pool") == 0) {
         sw->key = EP_NCNN_SW_POOL;
@@ -103,7 +106,7 @@ static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status 
         }
     } else {
         return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: unknown switch '%s' (winograd, sgemm, "
-                       "packing, fp16, bf16, pool, isa)", k);
+                       "packing, fp16, fp16a, bf16, pool, isa)", k);
     }
     return EP_OK;
 }

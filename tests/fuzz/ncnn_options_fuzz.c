@@ -32,7 +32,7 @@ static int parse_all(const char *list, ep_ncnn_switch *out, int cap) {
             return -1;
         }
         if (sw.key == EP_NCNN_SW_END) return (int)i;
-        if (sw.key > EP_NCNN_SW_ISA) fuzz_fail("key out of range");
+        if (sw.key > EP_NCNN_SW_FP16A) fuzz_fail("key out of range");
         if (sw.on != 0 && sw.on != 1) fuzz_fail("on is neither 0 nor 1");
         if (sw.key == EP_NCNN_SW_POOL && (sw.pool > EP_NCNN_POOL_ARENA || sw.slack > 1000))
             fuzz_fail("pool kind or slack out of range");
@@ -71,6 +71,8 @@ static const struct {
     {"winograd=0", 1, EP_NCNN_SW_WINOGRAD, 0, 0, 0},
     {"sgemm=1,packing=0", 2, EP_NCNN_SW_SGEMM, 1, 0, 0},
     {"fp16=1", 1, EP_NCNN_SW_FP16, 1, 0, 0},
+    {"fp16a=0,fp16=0", 2, EP_NCNN_SW_FP16A, 0, 0, 0},
+    {"fp16a=1", 1, EP_NCNN_SW_FP16A, 1, 0, 0},
     {"bf16=1,winograd=0", 2, EP_NCNN_SW_BF16, 1, 0, 0},
     {"pool=best300", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_BEST, 300},
     {"pool=best", 1, EP_NCNN_SW_POOL, 0, EP_NCNN_POOL_BEST, 100},

@@ -129,21 +129,62 @@ def test_int8_gemm_patch_is_x86_only_and_comes_after_the_fp16_weights():
     assert MARK_KEY not in range(0, 23) and MARK_KEY < 30   # Gemm reads keys 0-22; 30-31 are the Layer's
 
 
-def test_dw_block_patch_is_x86_only_and_sums_each_pixel_in_ncnn_order():
-    from edgepack.backends.ncnn import library
-    from edgepack.backends.ncnn.dw_block_patch import DW_BLOCK_PATCH_KEY, _PACK4_NEW, _PACK8_NEW, _PACK16_NEW
+def test_dw_block_patch_keys_each_arch_on_its_own_loops_and_sums_each_pixel_in_ncnn_order():
+    from edgepack.backends.ncnn import dw_block_patch as dw, library
     from edgepack.targets import TargetMatrix
     matrix = TargetMatrix.load()
-    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))["dw_block_patch"] == DW_BLOCK_PATCH_KEY
-    assert "dw_block_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
-    for text, lanes, madd in ((_PACK16_NEW, 16, "_mm512_fmadd_ps"), (_PACK8_NEW, 8, "_mm256_comp_fmadd_ps"),
-                              (_PACK4_NEW, 4, "_mm_add_ps(_mm_mul_ps")):
+    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))["dw_block_patch"] == dw.DW_BLOCK_PATCH_KEY
+    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("arm64")))["dw_block_patch"] == dw.DW_BLOCK_ARM_PATCH_KEY
+    assert dw.DW_BLOCK_PATCH_KEY != dw.DW_BLOCK_ARM_PATCH_KEY
+    for text, lanes, madd in ((dw._PACK16_NEW, 16, "_mm512_fmadd_ps"), (dw._PACK8_NEW, 8, "_mm256_comp_fmadd_ps"),
+                              (dw._PACK4_NEW, 4, "_mm_add_ps(_mm_mul_ps"), (dw._ARM_FP32_NEW, 4, "vmlaq_f32"),
+                              (dw._ARM_FP16S_NEW, 4, "vfmaq_f32"), (dw._ARM_FP16SA8_NEW, 8, "vfmaq_f16"),
+                              (dw._ARM_FP16SA4_NEW, 4, "vfma_f16")):
         # every sum starts from the bias and takes the taps in order, one multiply-add each
         for s in range(8):
             assert f"_s{s} = {madd}(" in text
-            assert f"(p + sstep * {s}), _w" in text and f"_s{s} = _b;" in text
+            assert f"(p + sstep * {s})" in text and f"_s{s} = _b;" in text
         assert "for (int k = 0; k < maxk; k++)" in text and "for (; j + 7 < outw; j += 8)" in text
-        assert "for (; j + 3 < outw; j += 4)" in text and f"* {lanes});" in text
+        assert "for (; j + 3 < outw; j += 4)" in text and f"kptr + k * {lanes}" in text
         assert text.count("for (; j < outw; j++)") == 1    # the pixels left take ncnn's loop
-    assert _PACK4_NEW.count("activation_sse(") == 12         # the 4-lane loop's fused activation, on all 8 + 4 sums
-    assert "outptr += 8 * 16;" in _PACK16_NEW and "outptr += 4 * 16;" in _PACK16_NEW
+    assert dw._PACK4_NEW.count("activation_sse(") == 12      # the 4-lane loop's fused activation, on all 8 + 4 sums
+    assert "outptr += 8 * 16;" in dw._PACK16_NEW and "outptr += 4 * 16;" in dw._PACK16_NEW
+    assert dw._ARM_FP16SA8_NEW.count("activation_ps_f16(") == 12 and dw._ARM_FP32_NEW.count("activation_ps(") == 12
+
+
+def test_gelu_erf_coefficients_hold_erf_to_fp32_rounding():
+    # the rational erf of gelu_erf_patch.py, checked against math.erf: in exact arithmetic, and
+    # evaluated in fp32 as the kernel does (Horner, then one division), over the whole clamp range
+    import math
+
+    import numpy as np
+
+    from edgepack.backends.ncnn.gelu_erf_patch import ERF_P, ERF_Q
+    y = np.linspace(-4.0, 4.0, 80001)
+    want = np.array([math.erf(v) for v in y])
+    t = y * y
+    exact = y * np.polyval(ERF_P[::-1], t) / np.polyval(ERF_Q[::-1], t)
+    assert float(np.abs(exact - want).max()) < 5e-8                # half a unit in the last place of 1
+    y32, t32 = y.astype(np.float32), (y * y).astype(np.float32)
+    p, q = np.float32(ERF_P[-1]), np.float32(ERF_Q[-1])
+    for c in ERF_P[-2::-1]:
+        p = p * t32 + np.float32(c)
+    for c in ERF_Q[-2::-1]:
+        q = q * t32 + np.float32(c)
+    got = (y32 * p / q).astype(np.float64)
+    assert float(np.abs(got - want).max()) < 6e-7                 # a few units in the last place of 1
+    assert math.erf(4.0) > 1 - 2 ** -24 * 0.5                      # past the clamp, erf rounds to 1 in fp32
+
+
+def test_gelu_erf_patch_is_x86_only_and_replaces_every_vector_erf():
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.gelu_erf_patch import _EDITS, GELU_ERF_PATCH_KEY
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))["gelu_erf_patch"] == GELU_ERF_PATCH_KEY
+    assert "gelu_erf_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
+    helpers = _EDITS[0][2]
+    for name in ("ep_erf_ps", "ep_erf256_ps", "ep_erf512_ps"):
+        assert helpers.count(f"static NCNN_FORCEINLINE") == 3 and f" {name}(" in helpers
+        assert any(new.endswith(f"= {name}(") for _, _, new, _ in _EDITS[1:])
+    assert helpers.count("_div_ps(") == 3 and not any(f"{e}(" in helpers for e in ("exp_ps", "exp256_ps", "exp512_ps"))

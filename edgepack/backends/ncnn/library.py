@@ -26,9 +26,10 @@ from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .batch_reshape_patch import BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
-from .dw_block_patch import DW_BLOCK_PATCH_KEY, patch_dw_block
+from .dw_block_patch import DW_BLOCK_ARM_PATCH_KEY, DW_BLOCK_PATCH_KEY, patch_dw_block, patch_dw_block_arm
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights
+from .gelu_erf_patch import GELU_ERF_PATCH_KEY, patch_gelu_erf
 from .int8_gemm_patch import INT8_GEMM_PATCH_KEY, patch_int8_gemm
 from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
 from .load_reuse_patch import LOAD_REUSE_PATCH_KEY, patch_load_reuse
@@ -44,13 +45,14 @@ RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 def _arch_patches(target: Target) -> tuple:
     """(cache-key name, version-digest, apply) of the source patches this arch's build applies (exact
     division, buffers reused while loading and batch reshapes copied by rows everywhere; shared
-    InnerProduct kernels on x86 and Arm; the x86 kernels only on x86): one list for the key and the
-    build, so they cannot disagree."""
+    InnerProduct kernels and depthwise blocks on x86 and Arm; the x86 kernels only on x86): one list
+    for the key and the build, so they cannot disagree."""
     every_arch = (("exact_div_patch", EXACT_DIV_PATCH_KEY, patch_exact_div),
                   ("load_reuse_patch", LOAD_REUSE_PATCH_KEY, patch_load_reuse),
                   ("batch_reshape_patch", BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape))
     if target.arch == "aarch64":
-        return every_arch + (("shared_weights_patch", SHARED_WEIGHTS_ARM_PATCH_KEY, patch_shared_weights_arm),)
+        return every_arch + (("shared_weights_patch", SHARED_WEIGHTS_ARM_PATCH_KEY, patch_shared_weights_arm),
+                             ("dw_block_patch", DW_BLOCK_ARM_PATCH_KEY, patch_dw_block_arm))
     if target.arch != "x86_64":
         return every_arch
     return every_arch + (
@@ -59,7 +61,7 @@ def _arch_patches(target: Target) -> tuple:
         ("shared_weights_patch", SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights),
         ("fp16_weights_patch", FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights),
         ("int8_gemm_patch", INT8_GEMM_PATCH_KEY, patch_int8_gemm),
-        ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block))
+        ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block), ("gelu_erf_patch", GELU_ERF_PATCH_KEY, patch_gelu_erf))
 
 
 BASE_OPTIONS = {
