@@ -11,15 +11,15 @@ from edgepack.runner import command_for
 from fuzz_targets import build_fuzzer, run_fuzzer, write_seeds
 
 SEEDS = ("winograd=1,sgemm=0,pool=arena", "pool=local,fp16=1,fp16a=0,packing=0", "pool=unlocked,pool=none",
-         "pool=one,winograd=0", "pool=best", "isa=avx2,pool=best")
+         "pool=one,winograd=0", "pool=best", "isa=avx2,pool=best", "direct=2,fp16a=1")
 
 
 def test_ncnn_options_parser_survives_fuzzing_under_asan(tmp_path):
     exe = build_fuzzer("ncnn_options", tmp_path)
     seeds = write_seeds(tmp_path / "seeds", ((f"seed{i}.txt", t.encode()) for i, t in enumerate(SEEDS)))
     out = run_fuzzer(exe, "6000", seeds)
-    assert "known lists: 28 parsed as expected" in out
-    assert "fuzzed 36000 inputs" in out  # 6 seeds x 6000
+    assert "known lists: 33 parsed as expected" in out
+    assert f"fuzzed {6000 * len(SEEDS)} inputs" in out
 
 
 def test_engine_applies_the_parsed_list(tiny_artifacts):
@@ -39,7 +39,7 @@ def test_engine_applies_the_parsed_list(tiny_artifacts):
     assert bad.returncode == 4 and "pool=best1001: arena, best, local, shared, one, unlocked or none" in bad.stderr
     bad = bench("isa=avx3")
     assert bad.returncode == 4 and "isa=avx3: avx512, avx2 or sse" in bad.stderr
-    good = bench("winograd=0,sgemm=1,packing=1,fp16=0,pool=shared,pool=unlocked,pool=best50,pool=arena,isa=avx2")
+    good = bench("winograd=0,sgemm=1,packing=1,fp16=0,fp16a=0,pool=shared,pool=unlocked,pool=best50,pool=arena,isa=avx2,direct=2")
     assert good.returncode == 0, good.stderr
     assert '"median_ms"' in good.stdout
     # the ISA cap is an x86 switch: an Arm artifact says so instead of ignoring it

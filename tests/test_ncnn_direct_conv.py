@@ -110,16 +110,48 @@ def test_avx512_and_avx2_cpus_run_the_direct_kernel(tmp_path):
     x = rng.standard_normal((1, 12, 20, 29)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     exact = _fma_order(_fma_order(_fma_order(x, w, b), w1, b1), w2, b2, pad=0)
-    got = {cpu: _run(art, cpu, 1, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-")).reshape(exact.shape)
-           for cpu in ("native", "native isa=avx2", "Haswell-noTSX", "Nehalem", "native isa=sse")}
-    for cpu in ("native isa=avx2", "Haswell-noTSX"):
+    cpus = ("native", "native isa=avx2", "Haswell-noTSX", "Nehalem", "native isa=sse", "native isa=avx2,direct=0",
+            "native isa=avx2,direct=2")
+    got = {cpu: _run(art, cpu, 1, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-").replace(",", "-")).reshape(exact.shape)
+           for cpu in cpus}
+    for cpu in ("native isa=avx2", "Haswell-noTSX", "native isa=avx2,direct=2"):
         np.testing.assert_array_equal(got[cpu], exact, err_msg=cpu)
+    # direct=0 (the measuring switch): ncnn's Winograd and GEMM instead, another order, the same answer
+    off = got["native isa=avx2,direct=0"]
+    assert not np.array_equal(off, exact) and float(np.abs(off - exact).max()) <= 1e-5 * float(np.abs(exact).max())
     assert not np.array_equal(got["Nehalem"], exact)
     np.testing.assert_array_equal(got["native isa=sse"], got["Nehalem"])
     if _native_has_avx512():
         np.testing.assert_array_equal(got["native"], exact)
     else:  # (the AMD EPYC of earlier sessions: AVX2, so the 8-lane kernel)
         np.testing.assert_array_equal(got["native"], got["Haswell-noTSX"])
+
+
+def test_wide_1x1_layers_give_the_same_bits_by_either_kernel(tmp_path):
+    """A 1x1 from 768 to 576 channels: on AVX2 CPUs the 8-lane kernel now takes it (measured ahead of
+    ncnn's GEMM up to 768 -> 1536 there, bench/bench_direct_conv.py), on AVX-512 ones ncnn's GEMM keeps
+    it (the 16-lane break-even stops at 512 outputs). Either sums each output as bias, then one fused
+    multiply-add per input channel in order, so moving the break-even changes no answer: every CPU and
+    direct=0 / direct=2 give that order's bits."""
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((576, 768, 1, 1)) / 28).astype(np.float32)
+    b = (rng.standard_normal(576) * 0.1).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[1, 1])], "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 768, 9, 14])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 576, 9, 14])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "wide.onnx")
+    art = build_fp32_ncnn(tmp_path / "wide.onnx", tmp_path / "out")
+    x = rng.standard_normal((1, 768, 9, 14)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    exact = _fma_order(x, w, b)
+    for cpu in ("native", "native isa=avx2", "Haswell-noTSX", "native isa=avx2,direct=0", "native direct=0",
+                "native direct=2"):
+        got = _run(art, cpu, 1, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-").replace(",", "-"))
+        np.testing.assert_array_equal(got.reshape(exact.shape), exact, err_msg=cpu)
 
 
 def _native_has_avx512() -> bool:

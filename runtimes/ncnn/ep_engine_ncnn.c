@@ -28,6 +28,7 @@ ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve);        /* ep_ncnn_po
 void ep_ncnn_load_reuse(int on); /* libncnn's src/allocator.cpp (load_reuse_patch.py) */
 #if defined(__x86_64__) /* isa_cap_patch.py patches x86_64 builds only */
 int ep_ncnn_cap_x86_isa(int level); /* libncnn's src/cpu.cpp (isa_cap_patch.py) */
+int ep_ncnn_x86_direct_conv(int mode); /* the same file: which convolutions take the direct kernel */
 #endif
 /* address space the arena reserves (not memory: only pages touched count); a net whose tensors
  * outgrow it takes the rest from malloc */
@@ -265,6 +266,12 @@ static int apply_switches(ncnn_engine *e, const char *list, ep_status *st) {
             ep_ncnn_cap_x86_isa(sw.isa);  /* before the net exists: layers take their ISA build at creation */
 #else
             return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: isa= is for x86 artifacts");
+#endif
+        } else if (sw.key == EP_NCNN_SW_DIRECT) {
+#if defined(__x86_64__)
+            ep_ncnn_x86_direct_conv(sw.direct);  /* before the net exists: read at create_pipeline */
+#else
+            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: direct= is for x86 artifacts");
 #endif
         } else if (sw.key == EP_NCNN_SW_POOL) {
             int shared = sw.pool == EP_NCNN_POOL_SHARED, unlocked = sw.pool == EP_NCNN_POOL_UNLOCKED;

@@ -6,7 +6,8 @@
  * The list: comma-separated key=value items, each under 64 bytes: winograd, sgemm, packing, fp16,
  * fp16a (fp16 arithmetic, where the CPU has it), bf16 ("1" on, anything else off), pool=best[<N>]
  * (N <= 1000, default 100), local, shared, one, unlocked or none, isa=avx512, avx2 or sse (x86: run
- * as a CPU without the extensions above it). */
+ * as a CPU without the extensions above it), direct=0, 1 or 2 (x86: the direct convolution kernel on
+ * no layer, by its break-even, on every layer it can run). */
 #ifndef EP_NCNN_SWITCHES_H
 #define EP_NCNN_SWITCHES_H
 
@@ -25,6 +26,7 @@ typedef enum {
     EP_NCNN_SW_POOL,
     EP_NCNN_SW_ISA,
     EP_NCNN_SW_FP16A,
+    EP_NCNN_SW_DIRECT,
 } ep_ncnn_switch_key;
 
 typedef enum {
@@ -43,6 +45,7 @@ typedef struct {
     ep_ncnn_pool_kind pool; /* pool */
     unsigned slack;         /* pool=best<N>: a cached buffer serves requests down to 1/(1+N%) of its size */
     int isa;                /* isa: 3 avx512 (as detected), 2 avx2 (no AVX-512), 1 sse (no AVX) */
+    int direct;             /* direct: 0 none, 1 by break-even, 2 every layer the kernel can run */
 } ep_ncnn_switch;
 
 /* The next item of *list into *sw (key EP_NCNN_SW_END once the list, or a NULL list, is used up);
@@ -104,9 +107,17 @@ static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status 
             sw->key = EP_NCNN_SW_END;
             return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: isa=%s: avx512, avx2 or sse", v);
         }
+    } else if (strcmp(k, "direct") == 0) {
+        sw->key = EP_NCNN_SW_DIRECT;
+        if ((v[0] != '0' && v[0] != '1' && v[0] != '2') || v[1]) {
+            sw->key = EP_NCNN_SW_END;
+            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: direct=%s: 0, 1 or 2", v);
+        }
+        sw->direct = v[0] - '0';
+        sw->on = 0;
     } else {
         return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: unknown switch '%s' (winograd, sgemm, "
-                       "packing, fp16, fp16a, bf16, pool, isa)", k);
+                       "packing, fp16, fp16a, bf16, pool, isa, direct)", k);
     }
     return EP_OK;
 }

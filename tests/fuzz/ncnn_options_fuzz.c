@@ -32,11 +32,12 @@ static int parse_all(const char *list, ep_ncnn_switch *out, int cap) {
             return -1;
         }
         if (sw.key == EP_NCNN_SW_END) return (int)i;
-        if (sw.key > EP_NCNN_SW_FP16A) fuzz_fail("key out of range");
+        if (sw.key > EP_NCNN_SW_DIRECT) fuzz_fail("key out of range");
         if (sw.on != 0 && sw.on != 1) fuzz_fail("on is neither 0 nor 1");
         if (sw.key == EP_NCNN_SW_POOL && (sw.pool > EP_NCNN_POOL_ARENA || sw.slack > 1000))
             fuzz_fail("pool kind or slack out of range");
         if (sw.key == EP_NCNN_SW_ISA && (sw.isa < 1 || sw.isa > 3)) fuzz_fail("isa level out of range");
+        if (sw.direct < 0 || sw.direct > 2 || (sw.key != EP_NCNN_SW_DIRECT && sw.direct)) fuzz_fail("direct mode out of range");
         if (cur != NULL && (cur <= before || cur > stop)) fuzz_fail("the cursor did not move forward inside the list");
         if ((int)i < cap) out[i] = sw;
     }
@@ -66,6 +67,7 @@ static const struct {
     int items, key, on, pool;
     unsigned slack;
     int isa;
+    int direct;
 } KNOWN[] = {
     {"", 0, 0, 0, 0, 0},
     {"winograd=0", 1, EP_NCNN_SW_WINOGRAD, 0, 0, 0},
@@ -84,6 +86,11 @@ static const struct {
     {"isa=sse", 1, EP_NCNN_SW_ISA, 0, 0, 0, 1},
     {"isa=avx512", 1, EP_NCNN_SW_ISA, 0, 0, 0, 3},
     {"isa=avx3", -1, 0, 0, 0, 0},
+    {"direct=0", 1, EP_NCNN_SW_DIRECT, 0, 0, 0, 0, 0},
+    {"direct=2,isa=avx2", 2, EP_NCNN_SW_DIRECT, 0, 0, 0, 0, 2},
+    {"direct=3", -1, 0, 0, 0, 0},
+    {"direct=12", -1, 0, 0, 0, 0},
+    {"direct=", -1, 0, 0, 0, 0},
     {"pool=best1001", -1, 0, 0, 0, 0},
     {"pool=best-5", -1, 0, 0, 0, 0},
     {"pool=best 5", -1, 0, 0, 0, 0},
@@ -106,7 +113,8 @@ int main(int argc, char **argv) {
         if (ok && n > 0)
             ok = (int)sws[0].key == KNOWN[i].key && sws[0].on == KNOWN[i].on &&
                  (sws[0].key != EP_NCNN_SW_POOL || ((int)sws[0].pool == KNOWN[i].pool && sws[0].slack == KNOWN[i].slack)) &&
-                 (sws[0].key != EP_NCNN_SW_ISA || sws[0].isa == KNOWN[i].isa);
+                 (sws[0].key != EP_NCNN_SW_ISA || sws[0].isa == KNOWN[i].isa) &&
+                 (sws[0].key != EP_NCNN_SW_DIRECT || sws[0].direct == KNOWN[i].direct);
         if (!ok) {
             fprintf(stderr, "known list '%s': parsed %d items (key %d on %d pool %d slack %u), expected %d\n",
                     KNOWN[i].list, n, sws[0].key, sws[0].on, sws[0].pool, sws[0].slack, KNOWN[i].items);

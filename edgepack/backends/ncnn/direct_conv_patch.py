@@ -32,7 +32,10 @@ Taken otherwise where `ep_c3_wanted` says: fp32 with packing, output channels a 
   stride 2 the direct kernel wins up to 96, loses at 128 and 192);
 - 1x1, stride 1, up to 768 input and 512 output channels: it won on all 96 such layers of
   ddddocr_det, nudenet_320n, orientation and ppocr_v4_det (ties on two tiny ones); larger layers
-  were not measured;
+  were not measured on AVX-512. The 8-lane kernel, measured layer by layer on an AVX2 EPYC
+  (`bench/bench_direct_conv.py`, `EDGEPACK_NCNN_OPTIONS=direct=0` against `direct=2`): 0.80-0.99x of
+  ncnn's time up to 768 input and 1536 output channels (384 -> 768 at 3 x 80: 0.90x), 1.05-1.09x
+  from 1024 input channels; so on AVX2 CPUs it takes 1x1 layers up to 768 -> 1536;
 - 2x2, stride 1, up to 64 input channels: PP-HGNet's stem (PP-OCRv6), padded right and bottom, which
   ncnn runs with its generic packed kernel (no Winograd or GEMM for 2x2 there). On PP-OCRv6 tiny det
   (16 -> 8 and 8 -> 16 at 160 x 160) its 11.7% of the time in that kernel went, and the model ran
@@ -46,7 +49,8 @@ AVX2 CPUs, compiled with -mavx only, calling FMA helpers compiled apart in convo
 where the CPU has FMA) or SSE2. The AVX-512 build holds the 16-lane kernel; the 8-lane one lives in
 convolution_x86_fma.cpp, and the AVX build of the layer calls it where the CPU has FMA and F16C. SSE
 CPUs and AVX CPUs without FMA (Sandy Bridge) run ncnn's kernels. The break-even is the one measured
-on AVX-512.
+on AVX-512, but for the wider 1x1 limit above on AVX2 CPUs. `EDGEPACK_NCNN_OPTIONS=direct=0|2`
+(isa_cap_patch.py) turns the kernel off or onto every layer it can run, to measure it.
 
 Applied as exact text edits that must each match, like source_patch.py. Only x86 builds compile
 these files, so only their cache key carries DIRECT_CONV_PATCH_KEY.
@@ -57,7 +61,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-DIRECT_CONV_PATCH_VERSION = 5  # part of the x86 libncnn cache key (library.py)
+DIRECT_CONV_PATCH_VERSION = 6  # part of the x86 libncnn cache key (library.py)
 
 CONV_FILE = "src/layer/x86/convolution_x86.cpp"
 CONV_HEADER = "src/layer/x86/convolution_x86.h"
@@ -415,21 +419,30 @@ _KERNEL = r'''
 #endif
 
 #if EP_C3_WHERE
+extern int g_ep_direct_conv; // src/cpu.cpp (isa_cap_patch.py): 0 none, 1 by break-even, 2 every layer it can run
+
 static bool ep_c3_wanted(int num_input, int num_output, int kernel_w, int kernel_h, int dilation_w, int dilation_h, int stride_w, int stride_h, const Option& opt)
 {
-    if (!opt.use_packing_layout || opt.use_bf16_storage || dilation_w != 1 || dilation_h != 1 || stride_w != stride_h || num_output % 8 != 0)
+    if (!opt.use_packing_layout || opt.use_bf16_storage || dilation_w != 1 || dilation_h != 1 || stride_w != stride_h || num_output % 8 != 0
+        || g_ep_direct_conv == 0)
         return false;
     // `--memory lean` (memory.py) masks Winograd on every layer it wants here: no transformed
-    // kernels, no im2col or GEMM workspace, whatever the break-even
-    if (!opt.use_winograd_convolution)
+    // kernels, no im2col or GEMM workspace, whatever the break-even (and so does direct=2)
+    if (!opt.use_winograd_convolution || g_ep_direct_conv == 2)
         return (kernel_w == 3 && kernel_h == 3 && (stride_w == 1 || stride_w == 2)) || (kernel_w == kernel_h && kernel_w <= 2 && stride_w == 1);
     // 3x3, measured break-even (direct_conv_patch.py): Winograd wins from 16 input channels at
     // stride 1, im2col + GEMM from 128 at stride 2
     if (kernel_w == 3 && kernel_h == 3)
         return stride_w == 1 ? num_input < 16 : stride_w == 2 && num_input <= 96;
-    // 1x1: faster than ncnn's GEMM on every layer measured (up to 768 -> 384 channels)
+    // 1x1: faster than ncnn's GEMM on every layer measured (AVX-512: up to 768 -> 384 channels; the
+    // 8-lane kernel on an AVX2 EPYC, bench/bench_direct_conv.py: 0.80-0.99x up to 768 input and 1536
+    // output channels, 1.05-1.09x from 1024 input channels)
     if (kernel_w == 1 && kernel_h == 1 && stride_w == 1)
+#if EP_C3_WHERE == 2
+        return num_input <= 768 && num_output <= 1536;
+#else
         return num_input <= 768 && num_output <= 512;
+#endif
     // 2x2 at stride 1 (PP-HGNet's stem, padded right and bottom): ncnn runs it with its generic
     // packed kernel, neither Winograd nor GEMM
     if (kernel_w == 2 && kernel_h == 2 && stride_w == 1)

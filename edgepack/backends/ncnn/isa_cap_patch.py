@@ -6,8 +6,11 @@ created makes this machine run the kernels an AVX2 or SSE CPU would, at native s
 time the AVX2 path on an AVX-512 build host (qemu's CPU models check correctness but their timings
 mean nothing), and a test can check that path without qemu. A cap never adds what the CPU lacks.
 
-The engine calls it for `EDGEPACK_NCNN_OPTIONS=isa=avx2` or `isa=sse` (ep_ncnn_switches.h). Only x86
-builds compile it, so only their cache key carries ISA_CAP_PATCH_KEY.
+The engine calls it for `EDGEPACK_NCNN_OPTIONS=isa=avx2` or `isa=sse` (ep_ncnn_switches.h). The same
+file holds the switch `direct=0|1|2` sets (`ep_ncnn_x86_direct_conv`): no direct kernel, the measured
+break-even, or every layer the kernel can run, so its break-even can be measured on any host, layer by
+layer, against ncnn's own kernels. Only x86 builds compile it, so only their cache key carries
+ISA_CAP_PATCH_KEY.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-ISA_CAP_PATCH_VERSION = 1
+ISA_CAP_PATCH_VERSION = 2
 
 CPU_FILE = "src/cpu.cpp"
 
@@ -46,6 +49,19 @@ extern "C" int ep_ncnn_cap_x86_isa(int level)
         g_cpu_support_x86_avx_vnni_int16 = 0;
         g_cpu_support_x86_avx_ne_convert = 0;
     }
+    return 0;
+}
+
+// edgepack (isa_cap_patch.py): which x86 convolutions the direct kernel of direct_conv_patch.py
+// takes. 0: none (ncnn's kernels); 1: those its measured break-even gives it (the default); 2: every
+// layer it can run. A measuring aid, like the cap: call before any net is created.
+namespace ncnn {
+int g_ep_direct_conv = 1;
+} // namespace ncnn
+
+extern "C" int ep_ncnn_x86_direct_conv(int mode)
+{
+    ncnn::g_ep_direct_conv = mode;
     return 0;
 }
 '''
