@@ -23,6 +23,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from clirun import run_artifact_on, run_edgepack
+from test_ncnn_thread_split import build_fp32_ncnn
 
 C, H, W = 48, 20, 35
 OUTPUTS = ("a", "b", "c")
@@ -61,33 +62,38 @@ def _run(art: Path, cpu: str, x_path: Path, out: Path, threads: int = 1) -> dict
     return run_artifact_on(art, cpu, {"x": x_path}, out, OUTPUTS, threads)[0]
 
 
-def test_generic_depthwise_in_blocks_matches_onnxruntime_on_every_packing(dw_model, tmp_path):
-    dist = tmp_path / "dist"
-    proc = run_edgepack("build", str(dw_model), "--target", "x86_64", "--backend", "ncnn", "--fp32",
-                        "--out", str(dist), "--json")
-    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
-    art = dist / "dwblock-x86_64"
-
+def _inputs(model: Path, tmp_path: Path) -> dict:
+    """x.npy (random) and alike.npy (every column the same) in tmp_path; onnxruntime's outputs for x."""
     rng = np.random.default_rng(9)
     x = rng.standard_normal((1, C, H, W)).astype(np.float32)
-    alike = np.repeat(rng.standard_normal((1, C, H, 1)).astype(np.float32), W, axis=3)   # every column the same
+    alike = np.repeat(rng.standard_normal((1, C, H, 1)).astype(np.float32), W, axis=3)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "alike.npy", alike)
-    session = ort.InferenceSession(str(dw_model), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     want = dict(zip(OUTPUTS, session.run(list(OUTPUTS), {"x": x})))
     assert want["a"].shape == (1, C, H - 6, W - 6) and want["b"].shape == (1, C, 10, 18)
+    return want
 
+
+def _check(art: Path, cpu: str, bound: float, want: dict, tmp_path: Path, tag: str) -> dict:
+    """The artifact's outputs on `cpu`: each within bound x its scale of onnxruntime's, and the unpadded
+    layer's rows, fed columns all alike, the same bits across a row. Returns the outputs for x."""
+    got = _run(art, cpu, tmp_path / "x.npy", tmp_path / tag)
+    for name in OUTPUTS:
+        scale = float(np.abs(want[name]).max())
+        err = float(np.abs(got[name].reshape(want[name].shape) - want[name]).max())
+        assert scale > 1 and err <= bound * scale, (tag, name, err, scale)
+    rows = _run(art, cpu, tmp_path / "alike.npy", tmp_path / f"alike-{tag}")["a"].reshape(want["a"].shape)
+    assert float(np.abs(rows).max()) > 1
+    np.testing.assert_array_equal(rows, np.repeat(rows[..., :1], W - 6, axis=3), err_msg=tag)
+    return got
+
+
+def test_generic_depthwise_in_blocks_matches_onnxruntime_on_every_packing(dw_model, tmp_path):
+    art = build_fp32_ncnn(dw_model, tmp_path / "dist")
+    want = _inputs(dw_model, tmp_path)
     for cpu in ("native", "native isa=avx2", "native isa=sse", "Haswell-noTSX", "Nehalem"):
-        got = _run(art, cpu, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-"))
-        for name in OUTPUTS:
-            scale = float(np.abs(want[name]).max())
-            err = float(np.abs(got[name].reshape(want[name].shape) - want[name]).max())
-            assert scale > 1 and err <= 2e-6 * scale, (cpu, name, err, scale)
-        rows = _run(art, cpu, tmp_path / "alike.npy", tmp_path / f"alike-{cpu.replace(' ', '-')}")["a"]
-        rows = rows.reshape(want["a"].shape)
-        assert float(np.abs(rows).max()) > 1
-        np.testing.assert_array_equal(rows, np.repeat(rows[..., :1], W - 6, axis=3), err_msg=cpu)
+        _check(art, cpu, 2e-6, want, tmp_path, cpu.replace(" ", "-"))
 
     one = _run(art, "native", tmp_path / "x.npy", tmp_path / "one")
     two = _run(art, "native", tmp_path / "x.npy", tmp_path / "two", threads=2)
@@ -110,24 +116,12 @@ def test_generic_depthwise_in_blocks_on_arm(dw_model, tmp_path):
     fp32 = _build_arm(dw_model, tmp_path / "fp32", "--fp32")
     fp16 = _build_arm(dw_model, tmp_path / "fp16", "--fp16")
     assert json.loads(fp16.with_name("dwblock-arm64.json").read_text())["precision_rung"] == "fp16-arith"
-
-    x = np.random.default_rng(9).standard_normal((1, C, H, W)).astype(np.float32)
-    alike = np.repeat(np.random.default_rng(3).standard_normal((1, C, H, 1)).astype(np.float32), W, axis=3)
-    np.save(tmp_path / "x.npy", x)
-    np.save(tmp_path / "alike.npy", alike)
-    session = ort.InferenceSession(str(dw_model), providers=["CPUExecutionProvider"])
-    want = dict(zip(OUTPUTS, session.run(list(OUTPUTS), {"x": x})))
+    want = _inputs(dw_model, tmp_path)
     runs = ((fp32, "cortex-a53", 2e-6), (fp32, "max", 2e-6), (fp16, "max", 1e-2), (fp16, "max fp16a=0", 1e-2))
     outs = {}
     for art, cpu, bound in runs:
         tag = f"{art.parent.name}-{cpu.replace(' ', '-')}"
-        got = outs[tag] = _run(art, cpu, tmp_path / "x.npy", tmp_path / tag)
-        for name in OUTPUTS:
-            scale = float(np.abs(want[name]).max())
-            err = float(np.abs(got[name].reshape(want[name].shape) - want[name]).max())
-            assert err <= bound * scale, (tag, name, err, scale)
-        rows = _run(art, cpu, tmp_path / "alike.npy", tmp_path / f"alike-{tag}")["a"].reshape(want["a"].shape)
-        np.testing.assert_array_equal(rows, np.repeat(rows[..., :1], W - 6, axis=3), err_msg=tag)
+        outs[tag] = _check(art, cpu, bound, want, tmp_path, tag)
     # the fp16 build ran two different loops: fp16 sums and fp32 sums of fp16 values
     assert not np.array_equal(outs["fp16-max"]["a"], outs["fp16-max-fp16a=0"]["a"])
     np.testing.assert_array_equal(outs["fp32-max"]["a"], outs["fp32-cortex-a53"]["a"])

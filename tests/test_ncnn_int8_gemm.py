@@ -21,7 +21,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from clirun import run_artifact_on, run_edgepack
+from clirun import run_artifact_on
+from test_ncnn_thread_split import build_fp32_ncnn
 from edgepack.backends.ncnn.int8_gemm_patch import MARK_KEY, mark_integer_gemms
 
 M, K, N, N2 = 20, 300, 1000, 40
@@ -84,11 +85,7 @@ def test_marks_only_gemms_of_constant_b():
 
 def test_quantised_matmul_runs_in_int8_and_matches_onnxruntime(int8_model, tmp_path):
     dist = tmp_path / "dist"
-    proc = run_edgepack("build", str(int8_model), "--target", "x86_64", "--backend", "ncnn", "--fp32",
-                        "--out", str(dist), "--json")
-    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
-    art = dist / "int8gemm-x86_64"
+    art = build_fp32_ncnn(int8_model, dist)
     assert json.loads((dist / "int8gemm-x86_64.json").read_text())["backend"]["name"] == "ncnn"
 
     x = (np.random.default_rng(7).standard_normal((1, M, K)) * 2).astype(np.float32)

@@ -14,8 +14,6 @@ pixels or, where channels outnumber pixels, by channels."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import numpy as np
 import onnx
@@ -23,8 +21,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_edgepack
-from edgepack.runner import command_for_cpu
+from clirun import run_artifact_on, run_edgepack
 
 # "native isa=avx2": this machine running the kernels an AVX2 CPU gets (EDGEPACK_NCNN_OPTIONS,
 # isa_cap_patch.py), at native speed and with real threads
@@ -93,13 +90,7 @@ def conv_model(tmp_path_factory):
 
 def _run(art, cpu, threads, x_path, out):
     """Run the artifact on a qemu CPU model, or natively ("native", or "native isa=..." for a cap)."""
-    cpu, _, isa = cpu.partition(" ")
-    env = {**os.environ, "EDGEPACK_NCNN_OPTIONS": isa} if isa else dict(os.environ)
-    run = subprocess.run(command_for_cpu(art, cpu) + ["run", "--input", f"x={x_path}", "--output", str(out),
-                                                      "--threads", str(threads)],
-                         capture_output=True, text=True, timeout=900, env=env)
-    assert run.returncode == 0, f"{cpu}: {run.stderr}"
-    return np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
+    return run_artifact_on(art, cpu, {"x": x_path}, out, ("y",), threads)[0]["y"]
 
 
 def build_fp32_ncnn(model, out, *extra):
