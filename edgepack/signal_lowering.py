@@ -9,7 +9,7 @@ for the real parts and -w[n] sin(2 pi k n / N) for the imaginary ones. So
     -> Transpose [B, F, bins, 2]
 is STFT's output, frames F = (L - N) / step + 1 as the op defines them. The sums are the DFT's, added in a
 different order than onnxruntime's FFT (the build verifies against it, as for any kernel), and the NCNN
-backend then runs the convolution over hop channels (backends/ncnn/strided_conv.py).
+backend then runs the convolution as a 2-D one of one row (backends/ncnn/strided_conv.py).
 
 Lowered only where the frame step, the window and the frame length are constants (as every exporter
 writes them), the signal is real float32 and its rank is known; any other STFT stays, and the backends

@@ -1,5 +1,5 @@
 """A short-time Fourier transform as a strided 1-channel Conv1D (openWakeWord's log-mel front end) runs
-in ncnn as a stride-1 convolution over hop channels (edgepack/backends/ncnn/strided_conv.py), and its
+in ncnn as a 2-D Convolution of one row (edgepack/backends/ncnn/strided_conv.py), and its
 mel filterbank product on frames-major power goes through the batch-aware Reshapes pnnx writes around an
 F.linear, which ncnn copies in rows (batch_reshape_patch.py): built for real, checked against onnxruntime
 on every x86 CPU model the artifact may meet."""
@@ -46,11 +46,11 @@ def power_spectrum(path):
     return path
 
 
-def test_stft_conv_runs_over_hop_channels_and_matches_onnxruntime(tmp_path):
+def test_stft_conv_runs_as_one_row_and_matches_onnxruntime(tmp_path):
     model = power_spectrum(tmp_path / "power.onnx")
     art = build_fp32_ncnn(model, tmp_path / "out")
     backend = json.loads((tmp_path / "out" / "power-x86_64.json").read_text())["backend"]
-    assert "strided_convs_over_hops x2" in backend["onnx_rewrites"], backend["onnx_rewrites"]
+    assert "strided_convs_as_rows x2" in backend["onnx_rewrites"], backend["onnx_rewrites"]
     assert {"Convolution", "Gemm", "Reshape"} <= set(backend["layers"]), backend["layers"]
     # a 440 Hz tone in noise: one strong bin and a live floor
     t = np.arange(SAMPLES) / 16000

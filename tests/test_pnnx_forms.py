@@ -209,3 +209,25 @@ def test_pnnx_keeps_a_modeless_pad_and_converts_the_rewritten_one(tmp_path):
     converted = convert(load_model(tmp_path / "wave.onnx"), "fp32", log=lambda m: None)
     assert "pad_mode_explicit x1" in converted.rewrites
     assert "Pad" not in converted.layer_types and converted.check_error < 1e-4
+
+
+def _conv_relu_ir14() -> onnx.ModelProto:
+    """A Conv -> Relu stamped IR 14, as onnx >= 1.23 stamps every model it writes."""
+    rng = np.random.default_rng(9)
+    m = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+               [1, 3, 8, 8], [1, 4, 8, 8], {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32)}, opset=17)
+    m.ir_version = 14
+    return m
+
+
+def test_pnnx_refuses_ir_14_and_convert_hands_it_a_readable_copy(tmp_path):
+    from edgepack.backends.ncnn.convert import PNNX_MAX_IR_VERSION, convert
+    from edgepack.model import load_model
+    assert PNNX_MAX_IR_VERSION < 14
+    with pytest.raises(subprocess.CalledProcessError):  # pnnx's onnxruntime refuses IR 14, then pnnx crashes
+        _pnnx_ncnn_param(_conv_relu_ir14(), tmp_path / "raw", shape="[1,3,8,8]")
+    path = tmp_path / "ir14.onnx"
+    onnx.save(_conv_relu_ir14(), path)
+    converted = convert(load_model(path), "fp32", log=lambda m: None)
+    assert "Convolution" in converted.layer_types and converted.check_error < 1e-5
+    assert onnx.load(path).ir_version == 14  # the user's file is left as it was

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from ... import proc
 from ...cache import cache_root, key_of, lock_file, locked, sha256_bytes, touch_used
@@ -24,12 +25,13 @@ from .fuse import batch_shared_products, gemv_as_gemm
 from .int8_gemm_patch import mark_integer_gemms
 from .memory import without_winograd
 from .erf_gelu import erf_gelus_as_gelu
-from .strided_conv import strided_convs_over_hops
+from .strided_conv import strided_convs_as_rows
 from . import erf_gelu, fuse, rewrite, seq_first, strided_conv
 from .rewrite import VERSION as REWRITE_VERSION
 from .rewrite import rewrite_for_ncnn
 
 PNNX_VERSION = "20261020"
+PNNX_MAX_IR_VERSION = 13  # the onnxruntime (1.30) inside that pnnx reads IR versions up to 13
 
 
 def pnnx_executable() -> Path:
@@ -221,12 +223,12 @@ def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], 
 
 def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
     """The speed rewrites on ``proto``, in order: fuse.batch_shared_products, fuse.gemv_as_gemm,
-    strided_conv.strided_convs_over_hops, erf_gelu.erf_gelus_as_gelu: (the graph pnnx gets, the
+    strided_conv.strided_convs_as_rows, erf_gelu.erf_gelus_as_gelu: (the graph pnnx gets, the
     rewrites it names)."""
     notes = []
     for fn, what in ((batch_shared_products, "batching shared-weight products"),
                      (gemv_as_gemm, "one-row products as Gemm"),
-                     (strided_convs_over_hops, "strided few-channel Conv1D over hop channels"),
+                     (strided_convs_as_rows, "strided few-channel Conv1D as a 2-D Convolution of one row"),
                      (erf_gelus_as_gelu, "erf GELUs in the form pnnx fuses")):
         try:
             rewritten, count = fn(proto)
@@ -241,9 +243,22 @@ def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
     return proto, tuple(notes)
 
 
+def _readable_by_pnnx(proto):
+    """proto, or a copy stamped with the newest IR version pnnx's own onnxruntime reads. onnx >= 1.23
+    stamps IR 14 on every model it writes; pnnx's onnxruntime refuses it and pnnx then crashes, though
+    nothing in an IR 14 graph of opset <= 27 needs more than IR 13. A graph that does use newer
+    features still fails in pnnx, with pnnx's own message in its log."""
+    if proto.ir_version <= PNNX_MAX_IR_VERSION:
+        return proto
+    readable = onnx.ModelProto()
+    readable.CopyFrom(proto)
+    readable.ir_version = PNNX_MAX_IR_VERSION
+    return readable
+
+
 def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[str, str]]:
     """pnnx on proto (written to root/model.onnx); the (type, name) layers of its .param."""
-    (root / "model.onnx").write_bytes(proto.SerializeToString())
+    (root / "model.onnx").write_bytes(_readable_by_pnnx(proto).SerializeToString())
     dtypes = {"float32": "f32", "float16": "f16", "int32": "i32", "int64": "i64", "uint8": "u8", "int8": "i8"}
     type_suffix = ",".join(f"[{','.join(str(d) for d in s.shape)}]{dtypes.get(s.dtype, 'f32')}"
                            for s in model.inputs)

@@ -1,37 +1,39 @@
-"""A 1-D convolution with few input channels and a long stride, as a stride-1 one over hop channels.
+"""A 1-D convolution with few input channels and a long stride, as a 2-D Convolution of one row.
 
 A short-time Fourier transform written as a Conv (openWakeWord's log-mel front end: 1 input channel,
-257 outputs, kernel 512, stride 160) is the worst case for ncnn's Convolution1D: with one input
-channel nothing packs, and for every output frame it streams the whole weight matrix again, one
-multiply per loaded weight (70% of that model's time on x86). Cut the signal into hops of `stride`
-samples and let the samples of a hop be channels: out[o, j] = sum over taps t of W[o, c, t] x[c, s*j + t]
-= sum over (c, p, q) of W'[o, c*s + p, q] X[c*s + p, j + q], with X[c*s + p, m] = x[c, s*m + p] and W'
-the kernel zero-padded to whole hops. The same sums plus zeros, as a 2-D Convolution with a 1 x K'
-kernel over C*s packed channels, which ncnn runs as im2col + GEMM: each weight loaded once for all
-frames. (A 1-D Convolution of that form still streams the weights per frame: 0.16 instead of 0.19 ms
-for the whole model; the same product written as MatMul over concatenated frames was slower still,
-ncnn's batch-aware Reshape around it costing more than the product.)
+257 outputs, kernel 512, stride 160; Whisper's: 402 outputs, kernel 400, over 480,400 samples) is the
+worst case for ncnn's Convolution1D: with one input channel nothing packs, and for every output frame
+it streams the whole weight matrix again, one multiply per loaded weight (70% of openWakeWord's time
+on x86). ncnn's 2-D Convolution has no such weakness: for a 1 x K kernel with stride (1, s) it cuts
+the frames out once (im2col) and runs one GEMM, each weight loaded once for all frames. So the signal
+becomes one row, [1, C, 1, L], and the Conv a 2-D one with the same taps.
+
+Only the live taps run: a 400-sample window in a 512-point frame (onnx-asr's kaldi and NeMo front
+ends) has 112 taps that are zero for every output; the signal is sliced to start at the first live
+tap and end after the last frame's last live tap.
+
+Forms measured and dropped (x86_64, AVX2, side by side with onnxruntime): the hop layout (the signal
+cut into hops of s samples that become channels, a stride-1 1 x ceil(K/s) Conv over them) pads the
+kernel to whole hops (400 taps run as 480) and on two threads split badly: Whisper 1.26x / 1.43x
+onnxruntime against 1.14x / 1.25x for this form on 1 / 2 threads, openWakeWord 0.89x against 0.71x;
+a Convolution1D of the hop layout still streams the weights per frame; the product as a MatMul over
+concatenated frames is slower still (ncnn's batch-aware Reshape around it costs more than the product).
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import onnx
 from onnx import helper
 
-# only where ncnn cannot pack the input channels (its widest pack is 16) and a hop is long enough to pack
+# only where ncnn cannot pack the input channels (its widest pack is 16) and the frames are long
 MAX_IN_CHANNELS = 8
-MIN_HOP_CHANNELS = 16
-MAX_PADDED_SHARE = 1.5  # zero taps added to reach a whole number of hops, at most half the kernel
-MIN_OPSET = 11  # the hops' Slice takes its bounds and Pad its pads as inputs from opset 10 / 11 on
+MIN_TAPS = 16
+MIN_OPSET = 10  # Slice takes its bounds as inputs from opset 10 on
 
 
-def _hop_form(gr, node) -> tuple[int, int, int, int, int, int] | None:
+def _row_form(gr, node) -> tuple[int, int, int, int, int, int] | None:
     """(C, L, O, K, stride, first tap) of a Conv this rewrite applies to, else None. K counts the taps
-    from the first to the last that is not zero for every output: a 400-sample analysis window in a
-    512-point frame (onnx-asr's kaldi and NeMo front ends) leaves 114 zero taps, and 4 hops of 160
-    would then run 640 taps where 3 hops run all 398 that count."""
+    from the first to the last that is not zero for every output."""
     from .rewrite import _attr
     shape, weight = gr.shapes.get(node.input[0]), gr.consts.get(node.input[1])
     if shape is None or weight is None or len(shape) != 3 or shape[0] != 1 or weight.ndim != 3:
@@ -42,81 +44,64 @@ def _hop_form(gr, node) -> tuple[int, int, int, int, int, int] | None:
     if list(dilations) != [1] or any(pads) or len(strides) != 1 or weight.dtype != np.float32:
         return None
     (c, length), (o, wc, k), s = shape[1:], weight.shape, int(strides[0])
-    if wc != c or s < 2 or k < s or c > MAX_IN_CHANNELS or c * s < MIN_HOP_CHANNELS or length < k:
+    if wc != c or s < 2 or k < MIN_TAPS or c > MAX_IN_CHANNELS or length < k:
         return None
     live = np.flatnonzero(np.abs(weight).max(axis=(0, 1)))
     first, k = (int(live[0]), int(live[-1]) + 1 - int(live[0])) if live.size else (0, k)
-    if math.ceil(k / s) * s > MAX_PADDED_SHARE * k:
-        return None
     return c, length, o, k, s, first
 
 
-def strided_conv_to_hop_channels(model) -> int:
-    """Conv1D(x [1, C, L], W [O, C, K], stride s) with few channels -> Conv2D(X [1, C*s, 1, M],
-    W' [O, C*s, 1, ceil(K/s)], stride 1) -> Reshape [1, O, F], where X is x cut into hops (Slice or zero
-    Pad to M*s samples, Reshape, Transpose, Reshape). Convs reading the same signal with the same
-    stride share one X."""
+def strided_conv_to_row(model) -> int:
+    """Conv1D(x [1, C, L], W [O, C, K], stride s) with few channels -> Conv2D(x' [1, C, 1, L'],
+    W' [O, C, 1, K'], stride (1, s)) -> Reshape [1, O, F], where W' holds the live taps and x' the
+    samples from the first live tap to the last one the last frame reads. Convs reading the same
+    signal from the same tap share one x'."""
     from .rewrite import _Graph, _apply, _opset
     if model.opset_import and _opset(model) < MIN_OPSET:
         return 0
-    gr, plan, hops = _Graph(model), {}, {}
+    gr, plan, rows = _Graph(model), {}, {}
     for pos, node in enumerate(list(gr.g.node)):
         if node.op_type != "Conv":
             continue
-        form = _hop_form(gr, node)
+        form = _row_form(gr, node)
         if form is None:
             continue
         c, length, o, k, s, first = form
-        kh = math.ceil(k / s)                   # taps of the padded kernel, in hops
         frames = (length - gr.consts[node.input[1]].shape[2]) // s + 1  # the Conv's output length, unchanged
-        m = frames + kh - 1                     # hops the new Conv reads
-        key = (node.input[0], s, m, first)
+        end = first + (frames - 1) * s + k      # one past the last sample a live tap reads
+        key = (node.input[0], first, end)
         new_nodes = []
-        if key not in hops:
-            new_nodes, hops[key] = _hops(gr, node.input[0], c, length, s, m, first)
-        padded = np.zeros((o, c, kh * s), np.float32)
-        padded[:, :, :k] = gr.consts[node.input[1]][:, :, first:first + k]
-        # W'[o, c*s + p, 0, q] = W[o, c, q*s + p]
-        w = np.ascontiguousarray(padded.reshape(o, c, kh, s).transpose(0, 1, 3, 2).reshape(o, c * s, 1, kh))
+        if key not in rows:
+            new_nodes, rows[key] = _row(gr, node.input[0], c, length, first, end)
+        w = np.ascontiguousarray(gr.consts[node.input[1]][:, :, None, first:first + k])
         wide = gr.fresh(node.output[0] + "_2d")
         plan[pos] = [*new_nodes,
-                     helper.make_node("Conv", [hops[key], gr.add_const("hop_w", w), *node.input[2:]], [wide],
-                                      kernel_shape=[1, kh], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1],
-                                      group=1, name=node.name or gr.fresh("hop_conv")),
+                     helper.make_node("Conv", [rows[key], gr.add_const("row_w", w), *node.input[2:]], [wide],
+                                      kernel_shape=[1, k], strides=[1, s], pads=[0, 0, 0, 0], dilations=[1, 1],
+                                      group=1, name=node.name or gr.fresh("row_conv")),
                      helper.make_node("Reshape", [wide, gr.add_const("shape", np.array([1, o, frames], np.int64))],
-                                      list(node.output), name=gr.fresh("hop_out"))]
+                                      list(node.output), name=gr.fresh("row_out"))]
     return _apply(gr.g, plan)
 
 
-def _hops(gr, x: str, c: int, length: int, s: int, m: int, first: int = 0) -> tuple[list, str]:
-    """Nodes that make X [1, C*s, 1, M] of signal x [1, C, L] from sample ``first`` on
-    (X[c*s + p, m] = x[c, first + s*m + p]), its name."""
-    nodes, want, avail = [], m * s, length - first
-    if first or want < avail:  # samples before the first live tap or past the last frame
+def _row(gr, x: str, c: int, length: int, first: int, end: int) -> tuple[list, str]:
+    """Nodes that make x' [1, C, 1, end - first] of signal x [1, C, L] (its samples first..end-1), its name."""
+    nodes = []
+    if first or end < length:  # samples before the first live tap or past the last frame's last one
         cut = gr.fresh(x + "_cut")
         nodes.append(helper.make_node(
             "Slice", [x, gr.add_const("starts", np.array([first], np.int64)),
-                      gr.add_const("ends", np.array([first + min(want, avail)], np.int64)),
-                      gr.add_const("axes", np.array([2], np.int64))], [cut], name=gr.fresh("hops")))
+                      gr.add_const("ends", np.array([end], np.int64)),
+                      gr.add_const("axes", np.array([2], np.int64))], [cut], name=gr.fresh("row")))
         x = cut
-    if want > avail:  # read only by the zero taps of the padded kernel
-        fitted = gr.fresh(x + "_fit")
-        nodes.append(helper.make_node(
-            "Pad", [x, gr.add_const("pads", np.array([0, 0, 0, 0, 0, want - avail], np.int64))],
-            [fitted], mode="constant", name=gr.fresh("hops")))
-        x = fitted
-    grid, moved, out = gr.fresh(x + "_grid"), gr.fresh(x + "_moved"), gr.fresh(x + "_hops")
-    nodes += [
-        helper.make_node("Reshape", [x, gr.add_const("shape", np.array([1, c, m, s], np.int64))], [grid],
-                         name=gr.fresh("hops")),
-        helper.make_node("Transpose", [grid], [moved], perm=[0, 1, 3, 2], name=gr.fresh("hops")),
-        helper.make_node("Reshape", [moved, gr.add_const("shape", np.array([1, c * s, 1, m], np.int64))], [out],
-                         name=gr.fresh("hops"))]
+    out = gr.fresh(x + "_row")
+    nodes.append(helper.make_node("Reshape", [x, gr.add_const("shape", np.array([1, c, 1, end - first], np.int64))],
+                                  [out], name=gr.fresh("row")))
     return nodes, out
 
 
-def strided_convs_over_hops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """strided_conv_to_hop_channels on a copy, the replaced kernels dropped: (the copy, how many Convs
-    it rewrote)."""
+def strided_convs_as_rows(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """strided_conv_to_row on a copy, the replaced kernels dropped: (the copy, how many Convs it
+    rewrote)."""
     from .rewrite import on_copy
-    return on_copy(strided_conv_to_hop_channels, model)
+    return on_copy(strided_conv_to_row, model)
