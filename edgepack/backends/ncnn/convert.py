@@ -26,7 +26,8 @@ from .int8_gemm_patch import mark_integer_gemms
 from .memory import without_winograd
 from .erf_gelu import erf_gelus_as_gelu
 from .strided_conv import strided_convs_as_rows
-from . import erf_gelu, fuse, rewrite, seq_first, strided_conv
+from .tanh_gelu import tanh_gelus_as_gelu
+from . import erf_gelu, fuse, rewrite, seq_first, strided_conv, tanh_gelu
 from .rewrite import VERSION as REWRITE_VERSION
 from .rewrite import rewrite_for_ncnn
 
@@ -108,7 +109,7 @@ def graph_code_digest() -> str:
     made by the old code (an experiment under an unbumped version number once did). A frozen edgepack
     ships no .py files: there the version numbers alone key it."""
     h = hashlib.sha256()
-    for module in (rewrite, seq_first, fuse, strided_conv, erf_gelu):
+    for module in (rewrite, seq_first, fuse, strided_conv, erf_gelu, tanh_gelu):
         src = Path(module.__file__)
         h.update(src.read_bytes() if src.suffix == ".py" and src.is_file() else module.__name__.encode())
     return h.hexdigest()[:16]
@@ -223,13 +224,14 @@ def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], 
 
 def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
     """The speed rewrites on ``proto``, in order: fuse.batch_shared_products, fuse.gemv_as_gemm,
-    strided_conv.strided_convs_as_rows, erf_gelu.erf_gelus_as_gelu: (the graph pnnx gets, the
-    rewrites it names)."""
+    strided_conv.strided_convs_as_rows, erf_gelu.erf_gelus_as_gelu, tanh_gelu.tanh_gelus_as_gelu:
+    (the graph pnnx gets, the rewrites it names)."""
     notes = []
     for fn, what in ((batch_shared_products, "batching shared-weight products"),
                      (gemv_as_gemm, "one-row products as Gemm"),
                      (strided_convs_as_rows, "strided few-channel Conv1D as a 2-D Convolution of one row"),
-                     (erf_gelus_as_gelu, "erf GELUs in the form pnnx fuses")):
+                     (erf_gelus_as_gelu, "erf GELUs in the form pnnx fuses"),
+                     (tanh_gelus_as_gelu, "tanh GELUs as ONNX's Gelu")):
         try:
             rewritten, count = fn(proto)
         except Exception as exc:  # a rewrite bug must cost only the speed-up, not the build
