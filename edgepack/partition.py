@@ -80,14 +80,16 @@ class Plan:
 
 def _plan_rewrites(m: onnx.ModelProto) -> None:
     """Exact ONNX rewrites that replace an op NCNN lacks by ones it has, before the plan assigns
-    backends (so that op does not force a cut): stack + ReduceMax -> Max (AttaCut); a batch-N text
+    backends (so that op does not force a cut): stack + ReduceMax -> Max (AttaCut); ReduceMax over
+    trailing axes -> GlobalMaxPool (log-mel front ends, reduce_max.py); a batch-N text
     model lifted to batch 1 after its embedding lookups (DeepCut, partition_lift.py); N signal
     chunks lifted to batch 1 up to the LSTM that runs over them (Silero VAD's sequence model,
     partition_lift_signal.py)."""
+    from .backends.ncnn.reduce_max import reduce_max_as_global_pool
     from .backends.ncnn.rewrite import remove_dead_nodes, stack_max_to_max
     from .partition_lift import lift_batch
     from .partition_lift_signal import lift_signal
-    for rewrite in (stack_max_to_max, lift_batch, lift_signal):
+    for rewrite in (stack_max_to_max, reduce_max_as_global_pool, lift_batch, lift_signal):
         try:
             if rewrite(m):
                 remove_dead_nodes(m)

@@ -37,7 +37,10 @@ PREFIX_UNSAFE_OPS = frozenset({"TopK"})
 def plan_for(model, target: Target, force: dict[str, str] | None = None) -> Plan | None:
     """The split plan for ``target``, or None when the graph does not split (one backend takes it
     all, or the target lacks one of the two backends). ``force``: node -> backend (the nodes pnnx
-    leaves layers ncnn cannot load for, see partition_probe.py)."""
+    leaves layers ncnn cannot load for, see partition_probe.py). One NCNN segment is a plan too where
+    the model also has inputs no node reads or constant outputs: the whole-graph NCNN build takes
+    only float32 inputs and outputs that its graph computes, while the segment runtime skips an
+    unread input and fills a constant output (onnx-asr's waveforms_lens and features_lens, int64)."""
     names = tuple(b for b in PARTITION_BACKENDS if b in target.backends)
     try:
         preds = backend_predicates(model, names)
@@ -50,7 +53,12 @@ def plan_for(model, target: Target, force: dict[str, str] | None = None) -> Plan
         return None
     except Exception:  # noqa: BLE001  a graph the planner mis-handles keeps the whole-graph path, never an internal error
         return None
-    return p if p.is_split else None
+    return p if p.is_split or _reads_or_writes_less(p.segments[0], model) else None
+
+
+def _reads_or_writes_less(seg, model) -> bool:
+    return seg.backend == "ncnn" and (set(seg.inputs) < {s.name for s in model.inputs}
+                                      or set(seg.outputs) < {s.name for s in model.outputs})
 
 
 def _ops_of(model, nodes: dict[str, str]) -> set[str]:

@@ -1,6 +1,7 @@
 """The NCNN backend: pnnx -> .param/.bin, libncnn from source per architecture, pruned at link."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 from .. import CompileRequest, EngineBuild, register
@@ -13,6 +14,7 @@ from .dedup import deduped
 from .library import build_library
 from .ops import CONVERSION_DECIDES, SUPPORTED
 from .prune import pruned_layer_object
+from .reduce_max import reduce_maxes_for_ncnn
 
 # The precision ladder, best first: fp16 weights and fp16 arithmetic (where the CPU has it), fp16
 # weights/storage with fp32 arithmetic, all fp32.
@@ -24,7 +26,9 @@ class NcnnBackend:
     thread_safe = True  # every shared step (conversion, libncnn, pruning) is guarded by cache file locks
 
     def unsupported_ops(self, model: LoadedModel) -> dict[str, list[str]]:
-        return {op: nodes for op, nodes in model.ops().items() if op not in SUPPORTED and op not in CONVERSION_DECIDES}
+        # after the exact rewrites conversion applies (a ReduceMax over trailing axes is a GlobalMaxPool)
+        ready = dataclasses.replace(model, proto=reduce_maxes_for_ncnn(model.proto)[0])
+        return {op: nodes for op, nodes in ready.ops().items() if op not in SUPPORTED and op not in CONVERSION_DECIDES}
 
     def missing_tools(self) -> list[str]:
         missing = []

@@ -27,8 +27,9 @@ from .memory import without_winograd
 from .erf_gelu import erf_gelus_as_gelu
 from .strided_conv import strided_convs_as_rows
 from .tanh_gelu import tanh_gelus_as_gelu
-from . import erf_gelu, fuse, rewrite, seq_first, strided_conv, tanh_gelu
+from . import erf_gelu, fuse, reduce_max, rewrite, seq_first, strided_conv, tanh_gelu
 from .rewrite import VERSION as REWRITE_VERSION
+from .reduce_max import reduce_maxes_for_ncnn
 from .rewrite import rewrite_for_ncnn
 
 PNNX_VERSION = "20261020"
@@ -109,7 +110,7 @@ def graph_code_digest() -> str:
     made by the old code (an experiment under an unbumped version number once did). A frozen edgepack
     ships no .py files: there the version numbers alone key it."""
     h = hashlib.sha256()
-    for module in (rewrite, seq_first, fuse, strided_conv, erf_gelu, tanh_gelu):
+    for module in (rewrite, seq_first, fuse, strided_conv, erf_gelu, tanh_gelu, reduce_max):
         src = Path(module.__file__)
         h.update(src.read_bytes() if src.suffix == ".py" and src.is_file() else module.__name__.encode())
     return h.hexdigest()[:16]
@@ -145,15 +146,17 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
                                          "take tensors of at least one dimension", hint="use --backend tvm")
         fp16 = "1" if precision == "fp16" else "0"
         log(f"converting with pnnx (fp16 weights={fp16})")
-        batched, batch_note = _batched(model.proto, log)
+        ready, ready_note = reduce_maxes_for_ncnn(model.proto)  # exact, and needed: before any other
+        batched, batch_note = _batched(ready, log)
         try:
-            meta = _convert_in(root, model, batched, batch_note, fp16, precision, key, log)
+            meta = _convert_in(root, model, batched, ready_note + batch_note, fp16, precision, key, log)
         except (UnsupportedOpError, VerificationError, BuildError) as exc:
             if not batch_note:
                 raise
             # the batched graph is only a speed-up: never let it cost a model NCNN converted before
+            # (the ReduceMax rewrites stay: the op check passed on the graph they give)
             log(f"conversion of the batched graph failed ({exc.message}); converting the graph as it is")
-            meta = _convert_in(root, model, model.proto, (), fp16, precision, key, log)
+            meta = _convert_in(root, model, ready, ready_note, fp16, precision, key, log)
         for junk in root.glob("model.pnnx*"):
             junk.unlink()
         meta_path.write_text(json.dumps(meta, indent=1))

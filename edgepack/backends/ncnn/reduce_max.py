@@ -1,0 +1,74 @@
+"""A ReduceMax over trailing axes as a GlobalMaxPool, so NCNN keeps it.
+
+Log-mel front ends clamp to the loudest value less 8 (Whisper's, openWakeWord's): ReduceMax over every
+axis. pnnx converts ONNX's ReduceMax only in some forms (all axes left implicit, not an axes list), and
+ncnn's op table lists it as unsupported, so the plan cut every such model in two: NCNN, then a TVM
+segment for the last few element-wise ops, with a copy at the cut. The maximum over the trailing axes
+a..r-1 of x [d0, ..., dr-1] is GlobalMaxPool of x viewed as [1, d0 * ... * d(a-1), da * ... * dr-1]:
+the same values compared, so the same result, and GlobalMaxPool is ncnn's Pooling.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import helper
+
+
+def _first_reduced_axis(gr, node, rank: int) -> int | None:
+    """a when a ReduceMax reduces exactly the axes a..rank-1, else None."""
+    from .rewrite import _attr, _axes_of
+    axes = _axes_of(gr, node)
+    if len(node.input) > 1 and node.input[1] and axes is None:
+        return None  # axes computed at run time
+    if not axes:  # absent or empty: every axis, unless the op is then told to do nothing
+        return None if _attr(node, "noop_with_empty_axes", 0) else 0
+    norm = sorted({a + rank if a < 0 else a for a in axes})
+    return norm[0] if norm == list(range(norm[0], rank)) else None
+
+
+def reduce_max_as_global_pool(model: onnx.ModelProto) -> int:
+    """Rewrite ``model`` in place; how many ReduceMax it replaced. Only static shapes and
+    keepdims=1, or keepdims=0 with at least one axis kept (a 0-d result has no ncnn form)."""
+    from .rewrite import _apply, _attr, _Graph
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(gr.g.node):
+        if node.op_type != "ReduceMax" or not node.input:
+            continue
+        shape = gr.shapes.get(node.input[0])
+        if not shape or any(d <= 0 for d in shape):
+            continue
+        first = _first_reduced_axis(gr, node, len(shape))
+        keep = _attr(node, "keepdims", 1)
+        if first is None or (not keep and first == 0):
+            continue
+        rows, length = math.prod(shape[:first]), math.prod(shape[first:])
+        out_shape = list(shape[:first]) + ([1] * (len(shape) - first) if keep else [])
+        view, pooled = gr.fresh(node.output[0] + "_rows"), gr.fresh(node.output[0] + "_pooled")
+        name = node.name or gr.fresh("reduce_max")
+        plan[pos] = [
+            helper.make_node("Reshape", [node.input[0], gr.add_const("shape", np.array([1, rows, length], np.int64))],
+                             [view], name=f"{name}_view"),
+            helper.make_node("GlobalMaxPool", [view], [pooled], name=f"{name}_pool"),
+            helper.make_node("Reshape", [pooled, gr.add_const("shape", np.array(out_shape, np.int64))],
+                             [node.output[0]], name=f"{name}_shape")]
+    return _apply(gr.g, plan)
+
+
+def reduce_maxes_for_ncnn(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """The ReduceMax rewrites NCNN needs (rewrite.stack_max_to_max, reduce_max_as_global_pool) on a
+    copy: (the copy, "name xN" per rewrite that fired); the model itself where it has no ReduceMax or
+    none fired. Both are exact, so the NCNN backend checks ops on, and converts, what they give."""
+    from .rewrite import remove_dead_nodes, stack_max_to_max
+    if not any(n.op_type == "ReduceMax" for n in model.graph.node):
+        return model, ()
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    notes = []
+    for rewrite in (stack_max_to_max, reduce_max_as_global_pool):
+        count = rewrite(out)
+        if count:
+            remove_dead_nodes(out)
+            notes.append(f"{rewrite.__name__} x{count}")
+    return (out, tuple(notes)) if notes else (model, ())
