@@ -189,3 +189,24 @@ def test_gelu_erf_patch_is_x86_only_and_replaces_every_vector_erf():
         assert f" {name}(" in helpers
         assert any(new.endswith(f"= {name}(") for _, _, new, _ in _EDITS[1:])
     assert helpers.count("_div_ps(") == 3 and not any(f"{e}(" in helpers for e in ("exp_ps", "exp256_ps", "exp512_ps"))
+
+
+def test_gemm_pair_patch_is_x86_only_and_sums_each_output_as_ncnn_does():
+    from edgepack.backends.ncnn import gemm_pair_patch as gp, library
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))["gemm_pair_patch"] == \
+        gp.GEMM_PAIR_PATCH_KEY
+    assert "gemm_pair_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
+    text = gp._LOOP_NEW
+    assert text.startswith(gp._LOOP_OLD.split("\n")[0]) and text.endswith(gp._LOOP_OLD.split("\n", 1)[1])
+    for c in range(6):
+        # one FMA per k for each output, onto its start: zero or the bias, else the tile's partial sum
+        assert text.count(f"_s0{c} = _mm256_comp_fmadd_ps(_pA0, _pB, _s0{c});") == 1
+        assert text.count(f"_s1{c} = _mm256_comp_fmadd_ps(_pA1, _pB, _s1{c});") == 1
+        assert f"_s0{c} = _c0;" in text and f"_s1{c} = _c1;" in text
+        assert f"_s1{c} = _mm256_load_ps(outptr_next + 8 * (h + {c}));" in text
+    assert text.count("_mm256_comp_fmadd_ps(") == 12 and "[" not in text.split("for (int kk")[1].split("pA += 8")[0].replace(
+        "pBh[", "")  # named registers in the inner loop, no arrays
+    # the panel below skips exactly the blocks summed with it
+    assert "jj = ep_blocks * 12;" in text and "outptr += ep_blocks * 96;" in text and "pB += ep_blocks * 12 * max_kk;" in text
