@@ -1,11 +1,12 @@
-"""ncnn's im2col convolution GEMM summing two 8-row panels at once on AVX and AVX2
+"""ncnn's im2col and Winograd convolution GEMMs summing two 8-row panels at once on AVX and AVX2
 (edgepack/backends/ncnn/gemm_pair_patch.py), checked against onnxruntime on every x86 CPU model the
 artifact may meet, AVX without FMA (SandyBridge) included, and for the same bits on 1 and 2 threads.
 
 The convolutions are 5 x 1 and 1 x 5 (not Winograd's 3 x 3, not the direct kernel's 1 x 1), so they
 take the im2col GEMM; their output channels give every output packing (40: 8, 36: 4, 26: 1) and odd
 panel counts (5, 4 + a half, 3 + a quarter), their pixels a part block of columns (17 x 20 = 340 =
-28 x 12 + 4), and 64 x 5 = 320 sums per output, more than one k tile (partial sums kept in topT)."""
+28 x 12 + 4), and 64 x 5 = 320 sums per output, more than one k tile (partial sums kept in topT).
+The last, 3 x 3 stride 1 from 64 channels, runs as Winograd, whose batched GEMM pairs panels too."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from test_ncnn_thread_split import CPUS, assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
-LAYERS = [(64, 40, (5, 1), True), (40, 36, (1, 5), False), (36, 26, (5, 1), True), (26, 64, (1, 5), True)]
+LAYERS = [(64, 40, (5, 1), True), (40, 36, (1, 5), False), (36, 26, (5, 1), True), (26, 64, (1, 5), True),
+          (64, 40, (3, 3), True)]
 
 
 def conv_chain(path):
@@ -34,7 +36,8 @@ def conv_chain(path):
                                       pads=[kh // 2, kw // 2, kh // 2, kw // 2]))
         x = out
     graph = helper.make_graph(nodes, "pairs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 17, 20])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 17, 20])], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, LAYERS[-1][1], 17, 20])],
+                              inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, path)

@@ -77,7 +77,43 @@ def _each(fmt: str, indent: str) -> str:
     return "".join(f"{indent}{fmt.format(c=c)}\n" for c in range(6))
 
 
-_I5, _I6 = " " * 20, " " * 24
+def _halves(ind: str, start0: str, start1: str, finish: str) -> str:
+    """C text of one 12-column block as two 16 x 6 halves, at indent ``ind``: A rows from pA0 / pA1,
+    B from pB; sums start at start0 / start1 when k == 0, else at the partial sums in outptr /
+    outptr_next; ``finish`` stores them (C text using _s0{c}, _s1{c} and h)."""
+    i1, i2 = ind + " " * 4, ind + " " * 8
+    return (f"{ind}for (int h = 0; h < 12; h += 6)\n{ind}{{\n"
+            f"{i1}const float* pA = pA0;\n{i1}const float* pA8 = pA1;\n{i1}const float* pBh = pB + h;\n"
+            + _each("__m256 _s0{c};", i1) + _each("__m256 _s1{c};", i1)
+            + f"{i1}if (k == 0)\n{i1}{{\n{i2}const __m256 _c0 = {start0};\n{i2}const __m256 _c1 = {start1};\n"
+            + _each("_s0{c} = _c0;", i2) + _each("_s1{c} = _c1;", i2) + f"{i1}}}\n{i1}else\n{i1}{{\n"
+            + _each("_s0{c} = _mm256_load_ps(outptr + 8 * (h + {c}));", i2)
+            + _each("_s1{c} = _mm256_load_ps(outptr_next + 8 * (h + {c}));", i2) + f"{i1}}}\n"
+            + f"{i1}for (int kk = 0; kk < max_kk; kk += 1)\n{i1}{{\n"
+            f"{i2}__m256 _pA0 = _mm256_load_ps(pA);\n{i2}__m256 _pA1 = _mm256_load_ps(pA8);\n{i2}__m256 _pB;\n"
+            + "".join(f"{i2}_pB = _mm256_set1_ps(pBh[{c}]);\n"
+                      f"{i2}_s0{c} = _mm256_comp_fmadd_ps(_pA0, _pB, _s0{c});\n"
+                      f"{i2}_s1{c} = _mm256_comp_fmadd_ps(_pA1, _pB, _s1{c});\n" for c in range(6))
+            + f"{i2}pA += 8;\n{i2}pA8 += 8;\n{i2}pBh += 12;\n{i1}}}\n"
+            + "".join(f"{i1}{line}\n" if line else "\n" for line in finish.split("\n"))
+            + f"{ind}}}\n")
+
+
+def _stores(target0: str, target1: str, store: str = "_mm256_store_ps({t}, _s{r}{c});") -> str:
+    """Lines storing _s0c to target0 and _s1c to target1 (each with {c}), for c = 0..5."""
+    return "\n".join(store.format(t=t.format(c=c), r=r, c=c) for r, t in ((0, target0), (1, target1))
+                     for c in range(6))
+
+
+# the im2col kernel: the last k tile writes the outputs in ncnn's layout, the others topT's partial sums
+_IM2COL_FINISH = ("if (k_end)\n{\n"
+                  + "\n".join("    " + line for line in _stores(
+                      "outptr0 + (h + {c}) * out_elempack", "outptr0 + out_hstep * 8 + (h + {c}) * out_elempack",
+                      "ep_store_8_channels({t}, out_elempack, out_hstep, _s{r}{c});").split("\n"))
+                  + "\n}\nelse\n{\n"
+                  + "\n".join("    " + line for line in _stores("outptr + 8 * (h + {c})", "outptr_next + 8 * (h + {c})").split("\n"))
+                  + "\n}")
+
 _LOOP_NEW = ("""#else  // __AVX512F__
         if (ep_paired)
         {
@@ -90,48 +126,13 @@ _LOOP_NEW = ("""#else  // __AVX512F__
         }
         else if (ii + 15 < max_ii && max_jj >= 12)
         {
+            const float* pA0 = pAT;
+            const float* pA1 = pAT + max_kk * 8;
             float* outptr_next = outptr + 8 * max_jj; // where the panel below keeps its partial sums
             for (; jj + 11 < max_jj; jj += 12)
             {
-                for (int h = 0; h < 12; h += 6)
-                {
-                    const float* pA = pAT;
-                    const float* pA8 = pAT + max_kk * 8;
-                    const float* pBh = pB + h;
-"""
-             + _each("__m256 _s0{c};", _I5) + _each("__m256 _s1{c};", _I5) + """                    if (k == 0)
-                    {
-                        const __m256 _c0 = pC ? _mm256_loadu_ps(pC) : _mm256_setzero_ps();
-                        const __m256 _c1 = pC ? _mm256_loadu_ps(pC + 8) : _mm256_setzero_ps();
-""" + _each("_s0{c} = _c0;", _I6) + _each("_s1{c} = _c1;", _I6) + """                    }
-                    else
-                    {
-""" + _each("_s0{c} = _mm256_load_ps(outptr + 8 * (h + {c}));", _I6)
-             + _each("_s1{c} = _mm256_load_ps(outptr_next + 8 * (h + {c}));", _I6) + """                    }
-
-                    for (int kk = 0; kk < max_kk; kk += 1)
-                    {
-                        __m256 _pA0 = _mm256_load_ps(pA);
-                        __m256 _pA1 = _mm256_load_ps(pA8);
-                        __m256 _pB;
-""" + "".join(f"{_I6}_pB = _mm256_set1_ps(pBh[{c}]);\n"
-              f"{_I6}_s0{c} = _mm256_comp_fmadd_ps(_pA0, _pB, _s0{c});\n"
-              f"{_I6}_s1{c} = _mm256_comp_fmadd_ps(_pA1, _pB, _s1{c});\n" for c in range(6)) + """                        pA += 8;
-                        pA8 += 8;
-                        pBh += 12;
-                    }
-
-                    if (k_end)
-                    {
-""" + _each("ep_store_8_channels(outptr0 + (h + {c}) * out_elempack, out_elempack, out_hstep, _s0{c});", _I6)
-             + _each("ep_store_8_channels(outptr0 + out_hstep * 8 + (h + {c}) * out_elempack, out_elempack, out_hstep, "
-                     "_s1{c});", _I6) + """                    }
-                    else
-                    {
-""" + _each("_mm256_store_ps(outptr + 8 * (h + {c}), _s0{c});", _I6)
-             + _each("_mm256_store_ps(outptr_next + 8 * (h + {c}), _s1{c});", _I6) + """                    }
-                }
-                pB += 12 * max_kk;
+""" + _halves(" " * 16, "pC ? _mm256_loadu_ps(pC) : _mm256_setzero_ps()",
+              "pC ? _mm256_loadu_ps(pC + 8) : _mm256_setzero_ps()", _IM2COL_FINISH) + """                pB += 12 * max_kk;
                 outptr += 96;
                 outptr_next += 96;
                 outptr0 += 12 * out_elempack;
@@ -144,10 +145,69 @@ _LOOP_NEW = ("""#else  // __AVX512F__
 
             __m256 _sum0;""")
 
+# Winograd's batched GEMM (convolution_3x3_winograd.h): the same pairing; its outputs are always the
+# tile buffer, panel by panel, then batch by batch within a panel
+WINOGRAD_FILE = "src/layer/x86/convolution_3x3_winograd.h"
+
+_WG_FLAG_OLD = "    float* outptr = top_blob;\n\n    int ii = 0;\n"
+_WG_FLAG_NEW = """    float* outptr = top_blob;
+
+#if __AVX__ && !__AVX512F__
+    bool ep_paired = false; // edgepack gemm_pair_patch, as in convolution_im2col_gemm.h
+#endif
+
+    int ii = 0;
+"""
+_WG_PANEL_OLD = ("    for (; ii + 7 < max_ii; ii += 8)\n    {\n        for (int b = 0; b < batch; b++)\n        {\n"
+                 "            const float* pAT = AT_tile.row(b) + max_kk * ii;\n")
+_WG_PANEL_NEW = ("    for (; ii + 7 < max_ii; ii += 8)\n    {\n"
+                 "#if __AVX__ && !__AVX512F__\n"
+                 "        const bool ep_skip = ep_paired; // this panel's 12-column blocks were summed with the panel above\n"
+                 "        const bool ep_pair = !ep_skip && ii + 15 < max_ii && max_jj >= 12;\n"
+                 "        ep_paired = ep_pair;\n"
+                 "#endif\n"
+                 "        for (int b = 0; b < batch; b++)\n        {\n"
+                 "            const float* pAT = AT_tile.row(b) + max_kk * ii;\n")
+_WG_LOOP_OLD = """#else  // __AVX512F__
+            for (; jj + 11 < max_jj; jj += 12)
+            {
+                const float* pA = pAT;
+
+                __m256 _sum0;"""
+_WG_LOOP_NEW = ("""#else  // __AVX512F__
+            if (ep_skip)
+            {
+                const int ep_blocks = max_jj / 12;
+                jj = ep_blocks * 12;
+                pB += ep_blocks * 12 * max_kk;
+                outptr += ep_blocks * 96;
+            }
+            else if (ep_pair)
+            {
+                const float* pA0 = pAT;
+                const float* pA1 = pAT + max_kk * 8;
+                float* outptr_next = outptr + 8 * batch * max_jj; // the panel below, this batch, this block
+                for (; jj + 11 < max_jj; jj += 12)
+                {
+""" + _halves(" " * 20, "_mm256_setzero_ps()", "_mm256_setzero_ps()",
+              _stores("outptr + 8 * (h + {c})", "outptr_next + 8 * (h + {c})")) + """                    pB += 12 * max_kk;
+                    outptr += 96;
+                    outptr_next += 96;
+                }
+            }
+            for (; jj + 11 < max_jj; jj += 12)
+            {
+                const float* pA = pAT;
+
+                __m256 _sum0;""")
+
 _FILE_EDITS = (
     (IM2COL_GEMM_FILE, (("the tile kernel's store helper", _STORE_OLD, _STORE_NEW, 1),
                         ("the tile kernel's panel flag", _FLAG_OLD, _FLAG_NEW, 1),
                         ("the 8-row panel's 12-column loop", _LOOP_OLD, _LOOP_NEW, 1))),
+    (WINOGRAD_FILE, (("the Winograd GEMM's panel flag", _WG_FLAG_OLD, _WG_FLAG_NEW, 1),
+                     ("the Winograd GEMM's 8-row panel", _WG_PANEL_OLD, _WG_PANEL_NEW, 1),
+                     ("the Winograd GEMM's 12-column loop", _WG_LOOP_OLD, _WG_LOOP_NEW, 1))),
 )
 
 GEMM_PAIR_PATCH_KEY = file_edits_key(GEMM_PAIR_PATCH_VERSION, _FILE_EDITS)
