@@ -61,7 +61,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-DIRECT_CONV_PATCH_VERSION = 6  # part of the x86 libncnn cache key (library.py)
+DIRECT_CONV_PATCH_VERSION = 7  # part of the x86 libncnn cache key (library.py)
 
 CONV_FILE = "src/layer/x86/convolution_x86.cpp"
 CONV_HEADER = "src/layer/x86/convolution_x86.h"
@@ -162,6 +162,29 @@ static inline void ep_c3_block(const float* in, int inw, size_t in_cstep, int nu
         _Pragma("unroll") for (int p = 0; p < NP; p++) acc[v][p] = b;
     }
     const W* wk = wp;
+    if (KS == 1)
+    {
+        // a 1x1 kernel: the EP channels of a group unrolled, each pixel's value at a fixed offset
+        // from the group's row, so no channel costs address arithmetic (the same sums, same order)
+        const size_t px = ((size_t)(oy * S) * inw + (size_t)ox * S) * EP;
+        for (int g = 0; g < num_input; g += EP)
+        {
+            const float* row = in + (size_t)(g / EP) * in_cstep + px;
+            _Pragma("unroll") for (int e = 0; e < EP; e++)
+            {
+                V::v w0 = V::load(wk);
+                V::v w1 = NV > 1 ? V::load(wk + V::lanes) : w0;
+                _Pragma("unroll") for (int p = 0; p < NP; p++)
+                {
+                    V::v x = V::set1(row[p * S * EP + e]);
+                    acc[0][p] = V::fmadd(w0, x, acc[0][p]);
+                    if (NV > 1) acc[NV - 1][p] = V::fmadd(w1, x, acc[NV - 1][p]);
+                }
+                wk += EP_C3_BLOCK;
+            }
+        }
+    }
+    else
     for (int ic = 0; ic < num_input; ic++)
     {
         const float* inp = in + (size_t)(ic / EP) * in_cstep + ic % EP;
