@@ -64,17 +64,13 @@ static inline void ep_store_8_channels(float* p, int out_elempack, int out_hstep
 
 static void convolution_gemm_transB_packed_tile(const Mat& AT_tile,"""
 
-_LOOP_OLD = """#else  // __AVX512F__
-        for (; jj + 11 < max_jj; jj += 12)
-        {
-            const float* pA = pAT;
-
-            __m256 _sum0;"""
-
-
 def _each(fmt: str, indent: str) -> str:
     """fmt for columns c = 0..5, one line each (named registers: arrays would live on the stack)."""
     return "".join(f"{indent}{fmt.format(c=c)}\n" for c in range(6))
+
+
+def _indented(text: str, ind: str) -> str:
+    return "\n".join(ind + line if line else line for line in text.split("\n"))
 
 
 def _halves(ind: str, start0: str, start1: str, finish: str) -> str:
@@ -95,7 +91,7 @@ def _halves(ind: str, start0: str, start1: str, finish: str) -> str:
                       f"{i2}_s0{c} = _mm256_comp_fmadd_ps(_pA0, _pB, _s0{c});\n"
                       f"{i2}_s1{c} = _mm256_comp_fmadd_ps(_pA1, _pB, _s1{c});\n" for c in range(6))
             + f"{i2}pA += 8;\n{i2}pA8 += 8;\n{i2}pBh += 12;\n{i1}}}\n"
-            + "".join(f"{i1}{line}\n" if line else "\n" for line in finish.split("\n"))
+            + _indented(finish, i1) + "\n"
             + f"{ind}}}\n")
 
 
@@ -107,43 +103,51 @@ def _stores(target0: str, target1: str, store: str = "_mm256_store_ps({t}, _s{r}
 
 # the im2col kernel: the last k tile writes the outputs in ncnn's layout, the others topT's partial sums
 _IM2COL_FINISH = ("if (k_end)\n{\n"
-                  + "\n".join("    " + line for line in _stores(
-                      "outptr0 + (h + {c}) * out_elempack", "outptr0 + out_hstep * 8 + (h + {c}) * out_elempack",
-                      "ep_store_8_channels({t}, out_elempack, out_hstep, _s{r}{c});").split("\n"))
+                  + _indented(_stores("outptr0 + (h + {c}) * out_elempack",
+                                      "outptr0 + out_hstep * 8 + (h + {c}) * out_elempack",
+                                      "ep_store_8_channels({t}, out_elempack, out_hstep, _s{r}{c});"), "    ")
                   + "\n}\nelse\n{\n"
-                  + "\n".join("    " + line for line in _stores("outptr + 8 * (h + {c})", "outptr_next + 8 * (h + {c})").split("\n"))
+                  + _indented(_stores("outptr + 8 * (h + {c})", "outptr_next + 8 * (h + {c})"), "    ")
                   + "\n}")
 
-_LOOP_NEW = ("""#else  // __AVX512F__
-        if (ep_paired)
-        {
-            const int ep_blocks = max_jj / 12;
-            jj = ep_blocks * 12;
-            pB += ep_blocks * 12 * max_kk;
-            outptr += ep_blocks * 96;
-            outptr0 += ep_blocks * 12 * out_elempack;
-            ep_paired = false;
-        }
-        else if (ii + 15 < max_ii && max_jj >= 12)
-        {
-            const float* pA0 = pAT;
-            const float* pA1 = pAT + max_kk * 8;
-            float* outptr_next = outptr + 8 * max_jj; // where the panel below keeps its partial sums
-            for (; jj + 11 < max_jj; jj += 12)
-            {
-""" + _halves(" " * 16, "pC ? _mm256_loadu_ps(pC) : _mm256_setzero_ps()",
-              "pC ? _mm256_loadu_ps(pC + 8) : _mm256_setzero_ps()", _IM2COL_FINISH) + """                pB += 12 * max_kk;
-                outptr += 96;
-                outptr_next += 96;
-                outptr0 += 12 * out_elempack;
-            }
-            ep_paired = true;
-        }
-        for (; jj + 11 < max_jj; jj += 12)
+
+def _skip_blocks(ind: str, then: tuple[str, ...] = ()) -> str:
+    """C text, at indent ``ind``: the panel below moves jj, pB and outptr past its 12-column blocks, which
+    the panel above summed with it; then the lines ``then``."""
+    lines = ("const int ep_blocks = max_jj / 12;", "jj = ep_blocks * 12;", "pB += ep_blocks * 12 * max_kk;",
+             "outptr += ep_blocks * 96;", *then)
+    return "".join(f"{ind}{line}\n" for line in lines)
+
+
+def _paired_blocks(ind: str, next_sums: str, start0: str, start1: str, finish: str,
+                   advance: tuple[str, ...] = ()) -> str:
+    """C text, at indent ``ind``: every 12-column block of this panel and the one below, as _halves; the
+    panel below keeps its sums ``next_sums`` (C text: the offset and a comment) past this one's; each
+    block then moves the lines ``advance`` on too."""
+    tail = ("pB += 12 * max_kk;", "outptr += 96;", "outptr_next += 96;", *advance)
+    return (f"{ind}const float* pA0 = pAT;\n{ind}const float* pA1 = pAT + max_kk * 8;\n"
+            f"{ind}float* outptr_next = outptr + {next_sums}\n{ind}for (; jj + 11 < max_jj; jj += 12)\n{ind}{{\n"
+            + _halves(ind + " " * 4, start0, start1, finish)
+            + "".join(f"{ind}    {line}\n" for line in tail) + f"{ind}}}\n")
+
+
+# the start of ncnn's 12-column loop of an 8-row panel, which the edits keep after the paired blocks
+_LOOP_REST = """        for (; jj + 11 < max_jj; jj += 12)
         {
             const float* pA = pAT;
 
-            __m256 _sum0;""")
+            __m256 _sum0;"""
+_WG_LOOP_REST = _indented(_LOOP_REST, "    ")  # Winograd's, one level deeper (per batch)
+
+_LOOP_OLD = "#else  // __AVX512F__\n" + _LOOP_REST
+_LOOP_NEW = ("#else  // __AVX512F__\n        if (ep_paired)\n        {\n"
+             + _skip_blocks(" " * 12, ("outptr0 += ep_blocks * 12 * out_elempack;", "ep_paired = false;"))
+             + "        }\n        else if (ii + 15 < max_ii && max_jj >= 12)\n        {\n"
+             + _paired_blocks(" " * 12, "8 * max_jj; // where the panel below keeps its partial sums",
+                              "pC ? _mm256_loadu_ps(pC) : _mm256_setzero_ps()",
+                              "pC ? _mm256_loadu_ps(pC + 8) : _mm256_setzero_ps()", _IM2COL_FINISH,
+                              ("outptr0 += 12 * out_elempack;",))
+             + "            ep_paired = true;\n        }\n" + _LOOP_REST)
 
 # Winograd's batched GEMM (convolution_3x3_winograd.h): the same pairing; its outputs are always the
 # tile buffer, panel by panel, then batch by batch within a panel
@@ -168,38 +172,13 @@ _WG_PANEL_NEW = ("    for (; ii + 7 < max_ii; ii += 8)\n    {\n"
                  "#endif\n"
                  "        for (int b = 0; b < batch; b++)\n        {\n"
                  "            const float* pAT = AT_tile.row(b) + max_kk * ii;\n")
-_WG_LOOP_OLD = """#else  // __AVX512F__
-            for (; jj + 11 < max_jj; jj += 12)
-            {
-                const float* pA = pAT;
-
-                __m256 _sum0;"""
-_WG_LOOP_NEW = ("""#else  // __AVX512F__
-            if (ep_skip)
-            {
-                const int ep_blocks = max_jj / 12;
-                jj = ep_blocks * 12;
-                pB += ep_blocks * 12 * max_kk;
-                outptr += ep_blocks * 96;
-            }
-            else if (ep_pair)
-            {
-                const float* pA0 = pAT;
-                const float* pA1 = pAT + max_kk * 8;
-                float* outptr_next = outptr + 8 * batch * max_jj; // the panel below, this batch, this block
-                for (; jj + 11 < max_jj; jj += 12)
-                {
-""" + _halves(" " * 20, "_mm256_setzero_ps()", "_mm256_setzero_ps()",
-              _stores("outptr + 8 * (h + {c})", "outptr_next + 8 * (h + {c})")) + """                    pB += 12 * max_kk;
-                    outptr += 96;
-                    outptr_next += 96;
-                }
-            }
-            for (; jj + 11 < max_jj; jj += 12)
-            {
-                const float* pA = pAT;
-
-                __m256 _sum0;""")
+_WG_LOOP_OLD = "#else  // __AVX512F__\n" + _WG_LOOP_REST
+_WG_LOOP_NEW = ("#else  // __AVX512F__\n            if (ep_skip)\n            {\n" + _skip_blocks(" " * 16)
+                + "            }\n            else if (ep_pair)\n            {\n"
+                + _paired_blocks(" " * 16, "8 * batch * max_jj; // the panel below, this batch, this block",
+                                 "_mm256_setzero_ps()", "_mm256_setzero_ps()",
+                                 _stores("outptr + 8 * (h + {c})", "outptr_next + 8 * (h + {c})"))
+                + "            }\n" + _WG_LOOP_REST)
 
 _FILE_EDITS = (
     (IM2COL_GEMM_FILE, (("the tile kernel's store helper", _STORE_OLD, _STORE_NEW, 1),
