@@ -85,11 +85,11 @@ def _plan_rewrites(m: onnx.ModelProto) -> None:
     model lifted to batch 1 after its embedding lookups (DeepCut, partition_lift.py); N signal
     chunks lifted to batch 1 up to the LSTM that runs over them (Silero VAD's sequence model,
     partition_lift_signal.py)."""
-    from .backends.ncnn.reduce_max import reduce_max_as_global_pool
-    from .backends.ncnn.rewrite import remove_dead_nodes, stack_max_to_max
+    from .backends.ncnn.reduce_max import max_rewrites
+    from .backends.ncnn.rewrite import remove_dead_nodes
     from .partition_lift import lift_batch
     from .partition_lift_signal import lift_signal
-    for rewrite in (stack_max_to_max, reduce_max_as_global_pool, lift_batch, lift_signal):
+    for rewrite in (*max_rewrites(), lift_batch, lift_signal):
         try:
             if rewrite(m):
                 remove_dead_nodes(m)

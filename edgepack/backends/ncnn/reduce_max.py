@@ -58,17 +58,24 @@ def reduce_max_as_global_pool(model: onnx.ModelProto) -> int:
     return _apply(gr.g, plan)
 
 
+def max_rewrites() -> tuple:
+    """The exact in-place rewrites that give NCNN the ReduceMax forms it lacks (rewrite.stack_max_to_max,
+    reduce_max_as_global_pool): the NCNN backend's and the partition planner's one list."""
+    from .rewrite import stack_max_to_max
+    return stack_max_to_max, reduce_max_as_global_pool
+
+
 def reduce_maxes_for_ncnn(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]]:
-    """The ReduceMax rewrites NCNN needs (rewrite.stack_max_to_max, reduce_max_as_global_pool) on a
-    copy: (the copy, "name xN" per rewrite that fired); the model itself where it has no ReduceMax or
-    none fired. Both are exact, so the NCNN backend checks ops on, and converts, what they give."""
-    from .rewrite import remove_dead_nodes, stack_max_to_max
+    """max_rewrites on a copy: (the copy, "name xN" per rewrite that fired); the model itself where it
+    has no ReduceMax or none fired. They are exact, so the NCNN backend checks ops on, and converts,
+    what they give."""
+    from .rewrite import remove_dead_nodes
     if not any(n.op_type == "ReduceMax" for n in model.graph.node):
         return model, ()
     out = onnx.ModelProto()
     out.CopyFrom(model)
     notes = []
-    for rewrite in (stack_max_to_max, reduce_max_as_global_pool):
+    for rewrite in max_rewrites():
         count = rewrite(out)
         if count:
             remove_dead_nodes(out)
