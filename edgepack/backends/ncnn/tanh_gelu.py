@@ -73,9 +73,12 @@ def _inner_x(gr, tanh) -> str | None:
 def _gelu_output(gr, tanh, x: str):
     """The node whose output is 0.5 x (1 + tanh(...)), found among the Muls (and Divs) after tanh + 1,
     else None."""
+    def is_one(name: str) -> bool:
+        coef, factors = _product(gr, name)
+        return not factors and _near(coef, 1.0)
+
     plus_one = [n for n in gr.consumers.get(tanh.output[0], []) if n.op_type == "Add" and len(n.input) == 2
-                and any(i != tanh.output[0] and _near(_product(gr, i)[0], 1.0) and not _product(gr, i)[1]
-                        for i in n.input)]
+                and any(i != tanh.output[0] and is_one(i) for i in n.input)]
     if len(plus_one) != 1:
         return None
     u = plus_one[0].output[0]
@@ -111,26 +114,25 @@ def _matches(model: onnx.ModelProto) -> list[tuple[int, str, str]]:
     return found
 
 
-def tanh_gelu_to_gelu(model: onnx.ModelProto) -> int:
-    """Rewrite ``model`` (of opset >= 20) in place; how many GELUs it rewrote."""
+def tanh_gelu_to_gelu(model: onnx.ModelProto, matches: list | None = None) -> int:
+    """Rewrite ``model`` (of opset >= 20) in place, at ``matches`` (_matches of it, found here if not
+    given); how many GELUs it rewrote."""
     from .rewrite import _apply
     plan = {pos: [helper.make_node("Gelu", [x], [out], approximate="tanh", name=f"{out}_gelu")]
-            for pos, x, out in _matches(model)}
+            for pos, x, out in (_matches(model) if matches is None else matches)}
     _apply(model.graph, plan, len(plan))
     return len(plan)
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
 def tanh_gelus_as_gelu(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """tanh_gelu_to_gelu on a copy (converted to opset 20 first where older), what nothing reads any
     more dropped: (the copy, how many it rewrote); the model itself where there is no match."""
     from onnx import version_converter
-    from .rewrite import on_copy
-    if not _matches(model):
+    from .rewrite import _opset, on_copy
+    matches = _matches(model)
+    if not matches:
         return model, 0
-    if _default_opset(model) < GELU_OPSET:
+    if _opset(model) < GELU_OPSET:
         model = version_converter.convert_version(model, GELU_OPSET)
-    return on_copy(tanh_gelu_to_gelu, model)
+        matches = None  # the converter may add or move nodes: found again in what it gives
+    return on_copy(lambda m: tanh_gelu_to_gelu(m, matches), model)
