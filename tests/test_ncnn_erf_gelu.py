@@ -8,11 +8,11 @@ import json
 import math
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from clirun import run_artifact_on
+from models import saved_graph
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
 
@@ -34,10 +34,7 @@ def conv_gelu_stack(path, blocks: int = 3, c: int = 32):
                                    kernel_shape=[1, 1])]
     graph = helper.make_graph(nodes, "gelus", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 40, 40])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 40, 40])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return saved_graph(graph, path, opset=13)
 
 
 def test_erf_gelus_run_as_ncnn_gelu_and_match_onnxruntime(tmp_path):
@@ -64,10 +61,7 @@ def test_gelu_holds_exact_erf_on_every_cpu(tmp_path):
              helper.make_node("Mul", ["m", "half"], ["y"])]
     graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", f, list(shape))],
                               [helper.make_tensor_value_info("y", f, list(shape))], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "gelu.onnx")
-    art = build_fp32_ncnn(tmp_path / "gelu.onnx", tmp_path / "out")
+    art = build_fp32_ncnn(saved_graph(graph, tmp_path / "gelu.onnx", opset=13), tmp_path / "out")
     assert json.loads((tmp_path / "out" / "gelu-x86_64.json").read_text())["backend"]["layers"] == ["GELU", "Input"]
 
     x = np.linspace(-9, 9, math.prod(shape)).astype(np.float32)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from models import saved_graph
 from test_ncnn_thread_split import CPUS, assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
 LAYERS = [(64, 40, (5, 1), True), (40, 36, (1, 5), False), (36, 26, (5, 1), True), (26, 64, (1, 5), True),
@@ -38,10 +38,7 @@ def conv_chain(path):
     graph = helper.make_graph(nodes, "pairs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 17, 20])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, LAYERS[-1][1], 17, 20])],
                               inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return saved_graph(graph, path, opset=13)
 
 
 def test_paired_panels_match_onnxruntime_on_every_cpu(tmp_path):

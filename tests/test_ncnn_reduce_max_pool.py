@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from clirun import run_artifact_on, run_edgepack
+from models import saved_graph
 
 MELS, FRAMES = 80, 300
 
@@ -32,10 +32,7 @@ def log_mel_tail(path):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, MELS, FRAMES]),
          helper.make_tensor_value_info("lens_out", TensorProto.INT64, [1])],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return saved_graph(graph, path, opset=18)
 
 
 def test_log_mel_clamp_builds_as_one_ncnn_segment_and_matches_onnxruntime(tmp_path):

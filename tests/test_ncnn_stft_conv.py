@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from models import saved_graph
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
 SAMPLES, WINDOW, HOP, BINS, MELS = 1760, 512, 160, 257, 32
@@ -40,10 +40,7 @@ def power_spectrum(path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, frames, MELS])],
                               [numpy_helper.from_array(real, "real"), numpy_helper.from_array(imag, "imag"),
                                numpy_helper.from_array(mel, "mel"), numpy_helper.from_array(np.array([1]), "axis1")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return saved_graph(graph, path, opset=13)
 
 
 def test_stft_conv_runs_as_one_row_and_matches_onnxruntime(tmp_path):
