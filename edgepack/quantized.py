@@ -1,4 +1,4 @@
-"""Lower onnxruntime's dynamic-int8 ops to float ONNX ops that compute the same numbers.
+"""Lower onnxruntime's int8 ops (dynamic, and static QDQ) to float ONNX ops that compute the same numbers.
 
 ``onnxruntime.quantization.quantize_dynamic`` (and its older ``onnx.quantize`` ancestor) rewrites a
 float model into DynamicQuantizeLinear + ConvInteger / MatMulInteger (+ com.microsoft
@@ -6,9 +6,9 @@ DynamicQuantizeLSTM). Neither NCNN nor TVM takes these ops, but every one of the
 equivalent: the quantised activations are small integers, held here as "integer-valued" float32
 tensors, and the integer convolutions become float convolutions on (x - x_zp) and (w - w_zp).
 
-Handled: DynamicQuantizeLinear, ConvInteger, MatMulInteger, com.microsoft.DynamicQuantizeLSTM.
-Everything else quantised (QLinear*, QuantizeLinear/DequantizeLinear, the com.microsoft Q* ops) is
-refused with one clear error.
+Handled: DynamicQuantizeLinear, ConvInteger, MatMulInteger, com.microsoft.DynamicQuantizeLSTM, and
+the QDQ format's QuantizeLinear/DequantizeLinear (quantize_static; quantized_qdq.py). Everything else
+quantised (QLinear*, the com.microsoft Q* ops) is refused with one clear error.
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from .errors import UnsupportedOpError
 from .model import LoadedModel, _with
 from .onnx_index import constants, tensor_infos
 
-LOWERED = ("DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "com.microsoft.DynamicQuantizeLSTM")
+LOWERED = ("DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "com.microsoft.DynamicQuantizeLSTM",
+           "QuantizeLinear", "DequantizeLinear")
 # quantised ops this module does not lower (and every QLinear* op): refused before any backend tries them
-REFUSED = frozenset({"QuantizeLinear", "DequantizeLinear", "MatMulInteger16", "QAttention", "QGemm",
+REFUSED = frozenset({"MatMulInteger16", "QAttention", "QGemm",
                      "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QOrderedMatMul", "MatMulNBits"})
 
 # ops that only move or select elements: an integer-valued float stays one, same original dtype
@@ -32,6 +33,7 @@ _MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
 _ARITH = {"Add", "Sub", "Mul", "Neg", "Abs", "Max", "Min", "Relu"}
 _INTEGRAL = {"Floor", "Ceil", "Round"}  # float outputs that already hold integers
 LOWERED_KEY = "edgepack.lowered_quantisation"  # metadata of a lowered graph (onnxsim keeps it)
+_STATIC = ("QuantizeLinear", "DequantizeLinear")
 _BIG = float(2.0 ** 100)
 
 
@@ -42,7 +44,8 @@ def _op(node) -> str:
 def lower_quantized(model: LoadedModel) -> LoadedModel:
     """The model with the handled dynamic-int8 ops lowered to float ops; unchanged without them."""
     ops = model.ops()
-    refused = sorted(op for op in ops if op.split(".")[-1] in REFUSED or op.split(".")[-1].startswith("QLinear"))
+    refused = sorted(op for op in ops if op.split(".")[-1] in REFUSED or op.split(".")[-1].startswith("QLinear")
+                     or (op.startswith("com.microsoft.") and op.split(".")[-1] in _STATIC))
     if refused:
         op = refused[0]
         raise UnsupportedOpError(
@@ -52,6 +55,14 @@ def lower_quantized(model: LoadedModel) -> LoadedModel:
     found = [op for op in LOWERED if op in ops]
     if not found:
         return model
+    if any(op in ops for op in _STATIC):
+        from .quantized_qdq import qdq_problem
+        lw = _Lowering(model.proto)
+        problem = qdq_problem(model.proto, lw.consts, lw.types)
+        if problem:
+            raise UnsupportedOpError(f"{model.path.name}: {problem}: no backend runs it",
+                                     hint="quantise per tensor (activations) or per channel (weights) to "
+                                          "8 or 16 bits with constant scales (quantize_static), or export the float model")
     proto, counts = lower_graph(model.proto)
     done = ", ".join(f"{counts[op]} {op}" for op in LOWERED if counts.get(op))
     if counts.get("com.microsoft.DynamicQuantizeLSTM"):
@@ -220,10 +231,13 @@ class _Lowering:
 def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     """A copy of `proto` with the handled ops lowered; the count of each op lowered."""
     from .quantized_lstm import lower_lstm, quantise_recurrence
+    from .quantized_qdq import StaticLowering
     lw = _Lowering(proto)
+    static = StaticLowering(lw, proto)
     handlers = {"DynamicQuantizeLinear": lambda n: lw.quantise(n.input[0], *n.output),
                 "ConvInteger": lw.integer_product, "MatMulInteger": lw.integer_product,
-                "com.microsoft.DynamicQuantizeLSTM": lambda n: lower_lstm(lw, n)}
+                "com.microsoft.DynamicQuantizeLSTM": lambda n: lower_lstm(lw, n),
+                "QuantizeLinear": static.quantise, "DequantizeLinear": static.dequantise}
     for node in proto.graph.node:
         op = _op(node)
         handler = handlers.get(op, lw.other)
@@ -255,7 +269,8 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
         out.opset_import.extend(kept)
     if lw.recurrent:
         out = quantise_recurrence(out, lw.recurrent, lw.counts)
-    out.metadata_props.append(onnx.StringStringEntryProto(key=LOWERED_KEY, value="dynamic-int8"))
+    kind = "static-int8" if any(lw.counts.get(op) for op in _STATIC) else "dynamic-int8"
+    out.metadata_props.append(onnx.StringStringEntryProto(key=LOWERED_KEY, value=kind))
     return out, lw.counts
 
 

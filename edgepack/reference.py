@@ -150,6 +150,12 @@ def run_onnxruntime(model: LoadedModel, inputs: dict[str, np.ndarray], what: str
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.log_severity_level = 4  # its own error lines would print beside ours: we report the exception
+    if runs_qdq(model.proto):
+        # The QDQ ops as the ONNX spec defines them, not fused into integer kernels: on AVX2 CPUs
+        # without VNNI, onnxruntime's u8s8 kernels add byte products in pairs into int16, which
+        # saturates (an MLAS trait its docs name; 3.6% of scale off on a test CNN), and other CPUs
+        # compute them otherwise. The unfused ops give the same answer on every CPU.
+        opts.add_session_config_entry("session.disable_quant_qdq", "1")
     try:
         sess = ort.InferenceSession(model.proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/NotImplemented classes
@@ -171,6 +177,12 @@ def run_onnxruntime(model: LoadedModel, inputs: dict[str, np.ndarray], what: str
                          f"{_first_line(exc)}",
                          hint="the model may need particular input values or shapes; fix shapes with "
                               "--input-shape NAME=1x3x224x224") from exc
+
+
+def runs_qdq(proto) -> bool:
+    """Whether `proto` holds QuantizeLinear/DequantizeLinear (static quantisation, the QDQ format)."""
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.domain in ("", "ai.onnx")
+               for n in proto.graph.node)
 
 
 def _first_line(exc: Exception) -> str:

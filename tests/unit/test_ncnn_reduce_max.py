@@ -51,6 +51,7 @@ def _run(model, x):
     (13, [1, 2, 3], 1, False, 1),       # every axis, listed
     (18, [2, -1], 1, True, 6),          # the last two: one row per channel
     (13, [3], 1, False, 240),           # the last axis
+    (13, [2, 3], 0, False, 6),          # the axes dropped
 ])
 def test_trailing_reduce_max_is_a_global_max_pool(opset, axes, keepdims, as_input, rows):
     model = _model(opset, axes, keepdims, as_input)
@@ -70,7 +71,6 @@ def test_trailing_reduce_max_is_a_global_max_pool(opset, axes, keepdims, as_inpu
     (13, [1], 1, {}),                   # not trailing
     (13, [1, 3], 1, {}),                # not contiguous
     (18, [], 1, {"noop_with_empty_axes": 1}),  # told to do nothing
-    (13, [3], 0, {}),                   # dropped axes: magika's softmax form, which pnnx then crashes on
 ])
 def test_other_reductions_are_left_alone(opset, axes, keepdims, extra):
     model = _model(opset, axes, keepdims, as_input=opset >= 18, **extra)
@@ -84,4 +84,47 @@ def test_a_reduction_to_a_scalar_is_left_alone():
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert reduce_max_as_global_pool(model) == 0
+
+
+def _transposed(perm: list[int], axes: list[int], keepdims: int, reader: str = "Relu") -> onnx.ModelProto:
+    """x -> Transpose(perm) -> ReduceMax(axes) -> reader -> y (keras' GlobalMaxPooling2D: NHWC, axes 1, 2)."""
+    t_shape = [SHAPE[p] for p in perm]
+    out = [1 if a in axes else d for a, d in enumerate(t_shape)] if keepdims else \
+        [d for a, d in enumerate(t_shape) if a not in axes]
+    inits = [numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")]
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=perm),
+             helper.make_node("ReduceMax", ["t"], ["m"], axes=axes, keepdims=keepdims),
+             helper.make_node(reader, ["m", "ninf"] if reader == "Max" else ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+@pytest.mark.parametrize("perm, axes, keepdims", [
+    ([0, 2, 3, 1], [1, 2], 0),   # DNSMOS (keras2onnx): NCHW -> NHWC, max over H and W
+    ([0, 2, 3, 1], [1, 2], 1),
+    ([0, 3, 1, 2], [2, 3], 0),   # already trailing after the Transpose: pooled as it is
+    ([0, 3, 2, 1], [1, 2], 1),   # W and H swapped: the same values compared
+])
+def test_a_max_over_axes_a_transpose_moved_is_pooled_on_its_input(perm, axes, keepdims):
+    model = _transposed(perm, axes, keepdims)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    assert reduce_max_as_global_pool(m) == 1
+    assert "ReduceMax" not in [n.op_type for n in m.graph.node]
+    x = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32) * 5
+    np.testing.assert_array_equal(_run(m, x), _run(model, x))
+
+
+@pytest.mark.parametrize("perm, axes, keepdims, reader", [
+    ([0, 2, 3, 1], [1, 2], 0, "Max"),     # magika's softmax form (keepdims=0, then Max with -inf): pnnx crashed
+    ([2, 3, 1, 0], [0, 1], 0, "Relu"),    # the kept axes would come out in another order (C, N)
+    ([0, 2, 3, 1], [1, 3], 0, "Relu"),    # reduces C and W: not trailing in the input either
+])
+def test_other_transposed_maxes_are_left_alone(perm, axes, keepdims, reader):
+    model = _transposed(perm, axes, keepdims, reader)
     assert reduce_max_as_global_pool(model) == 0
