@@ -1,7 +1,7 @@
-"""An onnxruntime dynamic-int8 model (quantize_dynamic: DynamicQuantizeLinear, ConvInteger,
-MatMulInteger) built for x86_64 with the default backend and checked with `run` on fresh inputs
-against onnxruntime running the original quantised model. Before edgepack/quantized.py no backend
-took these ops (exit 5)."""
+"""onnxruntime int8 models built for x86_64 with the default backend and checked with `run` on fresh
+inputs against onnxruntime running the original quantised model: dynamic (quantize_dynamic:
+DynamicQuantizeLinear, ConvInteger, MatMulInteger) and static in the QDQ format (quantize_static:
+QuantizeLinear, DequantizeLinear). Before edgepack/quantized.py no backend took these ops (exit 5)."""
 from __future__ import annotations
 
 import json
@@ -19,10 +19,8 @@ from clirun import run_edgepack
 from edgepack.runner import run_artifact
 
 
-def quantised_cnn(tmp: Path) -> Path:
-    """Conv -> SiLU -> grouped 1x1 Conv + residual -> MatMul head, through quantize_dynamic (uint8
-    weights: onnxruntime's AVX2 u8s8 GEMM may saturate int16 pair sums, u8u8 is exact)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def float_cnn(tmp: Path) -> Path:
+    """Conv -> SiLU -> grouped 1x1 Conv + residual -> MatMul head, float."""
     rng = np.random.default_rng(5)
 
     def f32(name, *shape):
@@ -41,8 +39,16 @@ def quantised_cnn(tmp: Path) -> Path:
                               [helper.make_tensor_value_info("y", f, [1, 10])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    src, dst = tmp / "qcnn-float.onnx", tmp / "qcnn.onnx"
+    src = tmp / "qcnn-float.onnx"
     onnx.save(model, src)
+    return src
+
+
+def quantised_cnn(tmp: Path) -> Path:
+    """float_cnn through quantize_dynamic (uint8 weights: onnxruntime's AVX2 u8s8 GEMM may saturate
+    int16 pair sums, u8u8 is exact)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    src, dst = float_cnn(tmp), tmp / "qcnn.onnx"
     logging.getLogger().setLevel(logging.ERROR)
     quantize_dynamic(src, dst, weight_type=QuantType.QUInt8)
     ops = {n.op_type for n in onnx.load(dst).graph.node}
@@ -82,3 +88,50 @@ def test_quantize_dynamic_model_builds_and_runs_like_onnxruntime(tmp_path):
         worst = max(worst, err)
     print(f"quantize_dynamic CNN: {report['results'][0]['backend']}, built and checked in "
           f"{time.monotonic() - t0:.0f} s, max error {worst:.2e}")
+
+
+def static_quantised_cnn(tmp: Path) -> Path:
+    """float_cnn through quantize_static in the QDQ format (uint8 activations, int8 weights per channel)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"x": np.random.default_rng(50 + i).standard_normal((1, 3, 16, 16)).astype(np.float32)}
+                               for i in range(8)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    dst = tmp / "qdq.onnx"
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_static(float_cnn(tmp), dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return dst
+
+
+def test_quantize_static_qdq_model_builds_and_runs_like_onnxruntime(tmp_path):
+    model = static_quantised_cnn(tmp_path)
+    dist = tmp_path / "dist"
+    proc = run_edgepack("build", model, "--target", "x86_64", "--out", dist, "--json", timeout=600)
+    report = json.loads(proc.stdout or "{}")
+    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-4000:]
+    art = dist / "qdq-x86_64"
+    manifest = json.loads(art.with_name(art.name + ".json").read_text())
+    notes = " ".join(manifest["model"]["notes"])
+    assert "QuantizeLinear" in notes and "DequantizeLinear" in notes, notes
+    assert manifest["backend"]["name"] == "ncnn", manifest["backend"]
+    tol = manifest["tolerance"]
+    # the QDQ ops as written (the build's reference, edgepack/reference.py): onnxruntime's fused u8s8
+    # kernels saturate on AVX2 CPUs without VNNI
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+    for seed in (41, 42, 43):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)
+        want = sess.run(None, {"x": x})[0]
+        np.save(tmp_path / "x.npy", x)
+        proc = run_artifact(art, ["run", "--threads", "1", "--input", f"x={tmp_path / 'x.npy'}",
+                                  "--output", str(tmp_path / f"out{seed}")])
+        assert proc.returncode == 0, proc.stderr
+        got = np.load(json.loads(proc.stdout)["outputs"]["y"]["file"]).reshape(want.shape)
+        assert float(np.max(np.abs(got - want))) <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(want))), seed

@@ -7,6 +7,7 @@ import shutil
 from .. import CompileRequest, EngineBuild, register
 from ...model import LoadedModel
 from ...quantized import rounds_quotients
+from .recurrent_forms import torch_form_gru
 from ...reference import POLICY
 from ...resources import runtimes_dir
 from .convert import PNNX_VERSION, convert, pnnx_executable
@@ -28,7 +29,12 @@ class NcnnBackend:
     def unsupported_ops(self, model: LoadedModel) -> dict[str, list[str]]:
         # after the exact rewrites conversion applies (a ReduceMax over trailing axes is a GlobalMaxPool)
         ready = dataclasses.replace(model, proto=reduce_maxes_for_ncnn(model.proto)[0])
-        return {op: nodes for op, nodes in ready.ops().items() if op not in SUPPORTED and op not in CONVERSION_DECIDES}
+        out = {op: nodes for op, nodes in ready.ops().items() if op not in SUPPORTED and op not in CONVERSION_DECIDES}
+        # ncnn's GRU is torch's (recurrent_forms.py); a GRU of another form is not one it can run
+        other_grus = [n.name for n in ready.proto.graph.node if n.op_type == "GRU" and not torch_form_gru(n)]
+        if other_grus:
+            out["GRU"] = other_grus
+        return out
 
     def missing_tools(self) -> list[str]:
         missing = []

@@ -23,7 +23,7 @@ SUPPORTED = frozenset({
     # reductions
     "ReduceMean", "ReduceSum", "ReduceSumSquare",
     # recurrent
-    "LSTM",
+    "LSTM", "GRU",
     # graph plumbing that conversion removes
     "Identity", "Dropout", "Constant", "Shape", "Gather", "Cast",
 })

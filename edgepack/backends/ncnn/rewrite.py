@@ -380,7 +380,7 @@ def lstm_outputs_as_pnnx_expects(model: onnx.ModelProto) -> int:
     gr, plan = _Graph(model), {}
     used = {i for n in gr.g.node for i in n.input} | gr.outputs
     for pos, node in enumerate(list(gr.g.node)):
-        if node.op_type != "LSTM":
+        if node.op_type not in _RECURRENT:
             continue
         outs = [o if (k == 0 or o in used) else "" for k, o in enumerate(node.output)]
         while len(outs) > 1 and outs[-1] == "":
@@ -424,13 +424,16 @@ def lstm_outputs_as_pnnx_expects(model: onnx.ModelProto) -> int:
     return _apply(gr.g, plan)
 
 
+_RECURRENT = ("LSTM", "GRU")   # pnnx matches both in torch's export form, the same reshapes around them
+
+
 def _feeds_lstm(gr: "_Graph", name: str) -> bool:
-    return any(n.op_type == "LSTM" for n in gr.consumers.get(name, []))
+    return any(n.op_type in _RECURRENT for n in gr.consumers.get(name, []))
 
 
 def _from_lstm(gr: "_Graph", name: str) -> bool:
     p = gr.producer.get(name)
-    return p is not None and p.op_type == "Transpose" and (gr.producer.get(p.input[0]) or p).op_type == "LSTM"
+    return p is not None and p.op_type == "Transpose" and (gr.producer.get(p.input[0]) or p).op_type in _RECURRENT
 
 
 def lstm_state_from_sequence_output(model: onnx.ModelProto) -> int:
@@ -616,7 +619,9 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
     return removed
 
 
-REWRITES = (reduce_axis_with_unit_batch, gemm_bias_as_vector, resize_roi_unread, pad_mode_explicit, fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, lstm_outputs_as_pnnx_expects, focus_to_pixel_unshuffle, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
+from .recurrent_forms import gru_initial_state_explicit, gru_state_from_sequence  # noqa: E402  (it imports this module lazily)
+
+REWRITES = (reduce_axis_with_unit_batch, gemm_bias_as_vector, resize_roi_unread, pad_mode_explicit, fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, gru_initial_state_explicit, gru_state_from_sequence, lstm_outputs_as_pnnx_expects, focus_to_pixel_unshuffle, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
             slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape, lift_sequence_tail)
 
 
