@@ -19,7 +19,6 @@ from ...cache import cache_root, key_of, lock_file, locked, sha256_bytes, touch_
 from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
 from ...quantized import rounds_quotients
-from .recurrent_forms import flat_gru_initial_states
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
 from .fuse import batch_shared_products, gemv_as_gemm
@@ -278,9 +277,6 @@ def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[st
     if rounds_quotients(model.proto):
         # integer sums: no Winograd, and Gemms of constant B marked for integer sums (int8_gemm_patch.py)
         param.write_text(mark_integer_gemms(without_winograd(param.read_text()))[0])
-    flat, changed = flat_gru_initial_states(param.read_text())
-    if changed:
-        param.write_text(flat)
     return parse_param_layers(param.read_text())
 
 

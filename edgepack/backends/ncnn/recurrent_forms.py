@@ -6,8 +6,9 @@ torch exports one, and two forms that other exporters (or onnxsim) leave go wron
 - no initial_h input (onnxsim drops torch's zero initial state): pnnx took the bias B for the
   initial state and dropped the bias, a wrong model (speechmos' PLCMOS);
 - Y unread and only Y_h read (`_, h = gru(x)`): pnnx left a raw GRU that ncnn cannot load.
-So a zero initial_h is written out, and readers of Y_h read the same values from Y: the forward
-direction's last step and the backward direction's first.
+So a zero initial_h is written out, and Y is kept in use (gru_sequence_kept). Y_h stays what ncnn's
+GRU returns: pnnx sizes the layers after it for that blob (a state rebuilt from Y's steps came out
+2-D where they expect ncnn's 3-D [dirs, 1, H], and a Concat of the two mixed them).
 """
 from __future__ import annotations
 
@@ -64,13 +65,14 @@ def _merged(gr, y: str) -> str | None:
     return r[0].output[0]
 
 
-def gru_state_from_sequence(model: onnx.ModelProto) -> int:
-    """A GRU whose Y_h is read -> Y_h's readers read Y's steps instead.
+def gru_sequence_kept(model: onnx.ModelProto) -> int:
+    """A GRU whose Y nothing reads and whose Y_h is read -> Y kept in use, through torch's merge.
 
-    Y [T, dirs, B, H] holds every step: the forward direction ends at step T-1, the backward one at
-    step 0. Y goes through torch's merge (Transpose 0,2,1,3 + Reshape [0, 0, -1] to [T, B, dirs*H]; a
-    forward GRU's Squeeze of axis 1) and two Slices give the final states, concatenated as Y_h is."""
-    from .rewrite import _apply, _Graph, _opset
+    pnnx matches a GRU only with its Y going through torch's merge (a bidirectional Y: Transpose
+    0,2,1,3 + Reshape [0, 0, -1]; a forward one: Squeeze of axis 1); `_, h = gru(x)` leaves Y unread
+    and the GRU raw. So Y_h's readers read Y_h + 0 * (one element of the merged Y): the same values
+    (a GRU's outputs are finite wherever its state is: tanh-bounded steps), and Y in use."""
+    from .rewrite import _apply, _attr, _Graph, _opset
     gr, plan = _Graph(model), {}
     used = {i for n in gr.g.node for i in n.input} | gr.outputs
     for pos, node in enumerate(gr.g.node):
@@ -78,84 +80,32 @@ def gru_state_from_sequence(model: onnx.ModelProto) -> int:
             continue
         y, yh = node.output[0], node.output[1]
         x = gr.shapes.get(node.input[0])
-        if (y and y in used) or yh in gr.outputs or yh not in used or not x or len(x) != 3 or x[1] != 1:
+        if (y and y in used) or yh in gr.outputs or yh not in used or not x or len(x) != 3:
             continue
-        from .rewrite import _attr
         if _attr(node, "direction", b"forward") in (b"reverse", "reverse"):
             continue
         if not y:
             y = gr.fresh(f"{node.name or 'gru'}_y")
             node.output[0] = y
-        steps, hidden, dirs = x[0], int(_attr(node, "hidden_size")), _directions(node)
 
-        def const(values):
-            return gr.add_const("gru_step", np.array(values, np.int64))
-
-        def step_slice(src, start, cols):
-            out = gr.fresh(f"{yh}_dir")
-            return out, helper.make_node("Slice", [src, const([start, cols[0]]), const([start + 1, cols[1]]),
-                                                   const([0, 2])], [out], name=gr.fresh("gru_state"))
-        merged = _merged(gr, y) or gr.fresh(f"{y}_merged")
-        if dirs == 2:
+        def const(values, dtype=np.int64):
+            return gr.add_const("gru_keep", np.array(values, dtype))
+        merged, first, zero, kept = (gr.fresh(f"{y}_{part}") for part in ("merged", "first", "zero", "kept"))
+        if _directions(node) == 2:
             moved = gr.fresh(f"{y}_moved")
-            added = [] if _merged(gr, y) else [
-                helper.make_node("Transpose", [y], [moved], perm=[0, 2, 1, 3], name=gr.fresh("gru_merge")),
-                helper.make_node("Reshape", [moved, const([0, 0, -1])], [merged], name=gr.fresh("gru_merge"))]
-            fwd, fwd_node = step_slice(merged, steps - 1, (0, hidden))
-            bwd, bwd_node = step_slice(merged, 0, (hidden, 2 * hidden))
-            # side by side on the last axis, then Y_h's shape: pnnx drops the unit batch axis of the
-            # merged [T, 1, 2H] and of the [1, 1, H] steps, so a Concat on axis 0 is one it mis-reads
-            both = gr.fresh(f"{yh}_steps")
-            added += [fwd_node, bwd_node, helper.make_node("Concat", [fwd, bwd], [both], axis=2, name=gr.fresh("gru_state"))]
+            added = [helper.make_node("Transpose", [y], [moved], perm=[0, 2, 1, 3], name=gr.fresh("gru_merge")),
+                     helper.make_node("Reshape", [moved, const([0, 0, -1])], [merged], name=gr.fresh("gru_merge"))]
         else:
             added = [helper.make_node("Squeeze", [y, const([1])], [merged], name=gr.fresh("gru_merge"))
                      if _opset(model) >= 13 else
                      helper.make_node("Squeeze", [y], [merged], axes=[1], name=gr.fresh("gru_merge"))]
-            both, last = step_slice(merged, steps - 1, (0, hidden))
-            added.append(last)
-        state = gr.fresh(f"{yh}_state")
-        added.append(helper.make_node("Reshape", [both, const([dirs, x[1], hidden])], [state], name=gr.fresh("gru_state")))
+        added += [
+            helper.make_node("Slice", [merged, const([0, 0, 0]), const([1, 1, 1]), const([0, 1, 2])], [first],
+                             name=gr.fresh("gru_keep")),
+            helper.make_node("Mul", [first, const(0.0, np.float32)], [zero], name=gr.fresh("gru_keep")),
+            helper.make_node("Add", [yh, zero], [kept], name=gr.fresh("gru_keep"))]
         for reader in gr.consumers.get(yh, []):
-            reader.input[:] = [state if i == yh else i for i in reader.input]
-        node.output[1] = ""
+            reader.input[:] = [kept if i == yh else i for i in reader.input]
         plan[pos] = [node, *added]
     return _apply(gr.g, plan)
 
-
-def flat_gru_initial_states(param: str) -> tuple[str, int]:
-    """The .param with each constant initial state of a GRU as the 2-D [dirs, H] blob ncnn's GRU reads;
-    how many it changed.
-
-    pnnx writes a zero initial_h [dirs, 1, H] as a 3-D MemoryData (w=H, h=1, c=dirs), and ncnn's GRU
-    returns its final state in the shape of the state it was given, while pnnx sizes every later layer
-    for [dirs, H] (it drops the batch axis): a Concat of that state with another then mixed 3-D and
-    2-D blobs (PLCMOS: 2.5% of scale off). Same values, same bytes in the .bin."""
-    lines = param.splitlines()
-    producer = {}
-    for k, line in enumerate(lines[2:], start=2):
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        n_in, n_out = int(parts[2]), int(parts[3])
-        for blob in parts[4 + n_in:4 + n_in + n_out]:
-            producer[blob] = k
-    changed = 0
-    for line in lines[2:]:
-        parts = line.split()
-        if len(parts) < 6 or parts[0] != "GRU" or int(parts[2]) < 2:
-            continue
-        k = producer.get(parts[5])
-        while k is not None and lines[k].split()[0] == "Split":
-            k = producer.get(lines[k].split()[4])
-        if k is None:
-            continue
-        fields = lines[k].split()
-        if fields[0] != "MemoryData":
-            continue
-        n = 4 + int(fields[2]) + int(fields[3])
-        params = dict(p.split("=", 1) for p in fields[n:])
-        if params.get("1") != "1" or "2" not in params or "11" in params:
-            continue
-        lines[k] = " ".join(fields[:n] + [f"0={params['0']}", f"1={params['2']}"])
-        changed += 1
-    return "\n".join(lines) + ("\n" if param.endswith("\n") else ""), changed

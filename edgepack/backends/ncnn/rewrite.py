@@ -619,9 +619,9 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
     return removed
 
 
-from .recurrent_forms import gru_initial_state_explicit, gru_state_from_sequence  # noqa: E402  (it imports this module lazily)
+from .recurrent_forms import gru_initial_state_explicit, gru_sequence_kept  # noqa: E402  (it imports this module lazily)
 
-REWRITES = (reduce_axis_with_unit_batch, gemm_bias_as_vector, resize_roi_unread, pad_mode_explicit, fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, gru_initial_state_explicit, gru_state_from_sequence, lstm_outputs_as_pnnx_expects, focus_to_pixel_unshuffle, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
+REWRITES = (reduce_axis_with_unit_batch, gemm_bias_as_vector, resize_roi_unread, pad_mode_explicit, fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, gru_initial_state_explicit, gru_sequence_kept, lstm_outputs_as_pnnx_expects, focus_to_pixel_unshuffle, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
             slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape, lift_sequence_tail)
 
 

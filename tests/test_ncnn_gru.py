@@ -1,0 +1,86 @@
+"""GRUs on NCNN (edgepack/backends/ncnn/recurrent_forms.py): two stacked bidirectional GRUs as speechmos'
+PLCMOS has them (the first one's output and final state both read, the second one's final state only)
+build on ncnn's own GRU layer and give onnxruntime's answer on fresh inputs; a GRU ncnn cannot compute
+(linear_before_reset=0, TensorFlow's form) is reported as unsupported, so it goes to TVM."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import run_edgepack
+from edgepack.backends.ncnn import NcnnBackend
+from edgepack.model import load_model
+from edgepack.runner import run_artifact
+
+T, K, H = 11, 12, 16
+
+
+@pytest.fixture(scope="module")
+def stacked_gru(tmp_path_factory):
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru1 = torch.nn.GRU(K, H, bidirectional=True)
+            self.gru2 = torch.nn.GRU(2 * H, H, bidirectional=True)
+            self.head = torch.nn.Linear(2 * H, 3)
+
+        def forward(self, x):            # x [1, T, K], time-major inside as PLCMOS
+            y1, h1 = self.gru1(x.transpose(0, 1))
+            _, h2 = self.gru2(y1)
+            h = torch.cat((h1, h2), 0)    # [4, 1, H]
+            return self.head(torch.cat((h[-2], h[-1]), -1)) + self.head(torch.cat((h[0], h[1]), -1))
+
+    torch.manual_seed(4)
+    net = Net().eval()
+    with torch.no_grad():  # weights large enough that the gates saturate somewhere
+        for p in [*net.gru1.parameters(), *net.gru2.parameters()]:
+            p.mul_(2.0)
+    path = tmp_path_factory.mktemp("gru") / "grus.onnx"
+    torch.onnx.export(net, (torch.randn(1, T, K),), str(path), input_names=["x"], output_names=["y"],
+                      opset_version=14, dynamo=False)
+    return path
+
+
+def test_stacked_grus_run_on_ncnns_gru_layer_and_match_onnxruntime(stacked_gru, tmp_path):
+    out = tmp_path / "out"
+    proc = run_edgepack("build", str(stacked_gru), "--target", "x86_64", "--backend", "ncnn", "--out", str(out), "--json")
+    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
+    manifest = json.loads((out / "grus-x86_64.json").read_text())
+    assert "GRU" in manifest["backend"]["layers"], manifest["backend"]  # ncnn's own GRU layer runs them
+    art = out / "grus-x86_64"
+    sess = ort.InferenceSession(str(stacked_gru), providers=["CPUExecutionProvider"])
+    tol = manifest["tolerance"]
+    for seed in (1, 2, 3):
+        x = np.random.default_rng(seed).standard_normal((1, T, K)).astype(np.float32)
+        want = sess.run(None, {"x": x})[0]
+        np.save(tmp_path / "x.npy", x)
+        run = run_artifact(art, ["run", "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / f"o{seed}")])
+        assert run.returncode == 0, run.stderr
+        got = np.load(json.loads(run.stdout)["outputs"]["y"]["file"]).reshape(want.shape)
+        assert float(np.abs(got - want).max()) <= tol["atol"] + tol["rtol"] * float(np.abs(want).max()), seed
+
+
+def _gru(linear_before_reset: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, s, rng.standard_normal(s).astype(np.float32).ravel())
+             for n, s in (("W", [1, 3 * H, K]), ("R", [1, 3 * H, H]), ("B", [1, 6 * H]))]
+    node = helper.make_node("GRU", ["x", "W", "R", "B"], ["y"], name="gru0", hidden_size=H,
+                            linear_before_reset=linear_before_reset)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [T, 1, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [T, 1, 1, H])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def test_a_gru_of_tensorflows_form_is_not_given_to_ncnn(tmp_path):
+    for lbr, expected in ((0, {"GRU": ["gru0"]}), (1, {})):
+        path = tmp_path / f"gru{lbr}.onnx"
+        onnx.save(_gru(lbr), path)
+        assert NcnnBackend().unsupported_ops(load_model(path)) == expected
