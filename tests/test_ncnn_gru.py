@@ -1,6 +1,7 @@
 """GRUs on NCNN (edgepack/backends/ncnn/recurrent_forms.py): two stacked bidirectional GRUs as speechmos'
-PLCMOS has them (the first one's output and final state both read, the second one's final state only)
-build on ncnn's own GRU layer and give onnxruntime's answer on fresh inputs; a GRU ncnn cannot compute
+PLCMOS has them (the first one's output and final state both read, the second one's final state only),
+fed a time-major [T, 1, K] input (pnnx drops its axis 1, the batch, not axis 0), build on ncnn's own GRU
+layer and give onnxruntime's answer on fresh inputs; a GRU ncnn cannot compute
 (linear_before_reset=0, TensorFlow's form) is reported as unsupported, so it goes to TVM."""
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def stacked_gru(tmp_path_factory):
             self.gru2 = torch.nn.GRU(2 * H, H, bidirectional=True)
             self.head = torch.nn.Linear(2 * H, 3)
 
-        def forward(self, x):            # x [1, T, K], time-major inside as PLCMOS
-            y1, h1 = self.gru1(x.transpose(0, 1))
+        def forward(self, x):            # x [T, 1, K], time-major: pnnx drops axis 1, the batch, on input
+            y1, h1 = self.gru1(x)
             _, h2 = self.gru2(y1)
             h = torch.cat((h1, h2), 0)    # [4, 1, H]
             return self.head(torch.cat((h[-2], h[-1]), -1)) + self.head(torch.cat((h[0], h[1]), -1))
@@ -43,7 +44,7 @@ def stacked_gru(tmp_path_factory):
         for p in [*net.gru1.parameters(), *net.gru2.parameters()]:
             p.mul_(2.0)
     path = tmp_path_factory.mktemp("gru") / "grus.onnx"
-    torch.onnx.export(net, (torch.randn(1, T, K),), str(path), input_names=["x"], output_names=["y"],
+    torch.onnx.export(net, (torch.randn(T, 1, K),), str(path), input_names=["x"], output_names=["y"],
                       opset_version=14, dynamo=False)
     return path
 
@@ -59,7 +60,7 @@ def test_stacked_grus_run_on_ncnns_gru_layer_and_match_onnxruntime(stacked_gru, 
     sess = ort.InferenceSession(str(stacked_gru), providers=["CPUExecutionProvider"])
     tol = manifest["tolerance"]
     for seed in (1, 2, 3):
-        x = np.random.default_rng(seed).standard_normal((1, T, K)).astype(np.float32)
+        x = np.random.default_rng(seed).standard_normal((T, 1, K)).astype(np.float32)
         want = sess.run(None, {"x": x})[0]
         np.save(tmp_path / "x.npy", x)
         run = run_artifact(art, ["run", "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / f"o{seed}")])

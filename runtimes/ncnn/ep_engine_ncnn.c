@@ -377,7 +377,7 @@ static int to_ncnn_dims(const ep_io_spec *s, int batch_axis, int *w, int *h, int
     int64_t sh[EP_MAX_DIMS];
     int n = 0;
     for (int i = 0; i < s->ndim; i++)
-        if (!(batch_axis == 0 && i == 0)) sh[n++] = s->shape[i];
+        if (i != batch_axis) sh[n++] = s->shape[i];
     *w = *h = *d = *c = 1;
     switch (n) {
     case 0: *w = 1; break;
@@ -391,8 +391,13 @@ static int to_ncnn_dims(const ep_io_spec *s, int batch_axis, int *w, int *h, int
     return 1;
 }
 
+/* The axis pnnx dropped from input i (its batch axis: the first, or another of size 1), -1 for none. */
 static int batch_axis_of(const ep_model_spec *spec, const char *prefix, int i) {
-    return strcmp(indexed(spec, prefix, i, "none"), "0") == 0 ? 0 : -1;
+    const char *v = indexed(spec, prefix, i, "none");
+    if (v[0] < '0' || v[0] > '9' || v[1] != '\0') return -1;
+    int axis = v[0] - '0';
+    const ep_io_spec *s = &spec->inputs[i];
+    return axis < s->ndim && s->shape[axis] == 1 ? axis : -1;
 }
 
 static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {

@@ -57,7 +57,7 @@ class NcnnModel:
     bin: Path
     input_blobs: tuple[str, ...]
     output_blobs: tuple[str, ...]
-    input_batch: tuple[str, ...]    # "0" or "none" per input
+    input_batch: tuple[str, ...]    # the axis pnnx drops ("0", or another unit axis) or "none", per input
     output_batch: tuple[str, ...]
     layer_types: tuple[str, ...]
     check_error: float              # python-ncnn vs onnxruntime, max abs
@@ -87,7 +87,7 @@ def _guess_onnx_op(layer_type: str, model: LoadedModel) -> str:
     return f"no single ONNX op; pnnx layer {layer_type}"
 
 
-def _io_from_pyscript(py: str, n_in: int, n_out: int):
+def _io_from_pyscript(py: str, n_in: int, n_out: int, in_shapes: tuple = ()):
     ins = re.findall(r'ex\.input\("([^"]+)",\s*ncnn\.Mat\(\w+\.numpy\(\)(?:,\s*batch_index=(\d+))?\)', py)
     outs = re.findall(r'_,\s*(\w+)\s*=\s*ex\.extract\("([^"]+)"\)', py)
     out_batch = {}
@@ -98,7 +98,11 @@ def _io_from_pyscript(py: str, n_in: int, n_out: int):
         raise BuildError(f"pnnx produced {len(ins)} inputs/{len(outs)} outputs, the model has {n_in}/{n_out}",
                          hint="the graph may have unused inputs or constant outputs; simplify it first")
     in_blobs = tuple(n for n, _ in ins)
-    in_batch = tuple("0" if b == "0" else "none" for _, b in ins)
+    # pnnx drops the batch axis of an input (batch_index): the first, or another unit axis (a time-major
+    # [T, 1, C] input or [dirs, 1, H] state has batch at 1); dropping a unit axis moves no value
+    in_batch = tuple(b if b == "0" or (b and k < len(in_shapes) and int(b) < len(in_shapes[k])
+                                       and in_shapes[k][int(b)] == 1) else "none"
+                     for k, (_, b) in enumerate(ins))
     out_blobs = tuple(b for _, b in outs)
     ob = tuple("0" if out_batch[v] == "0" else "none" for v, _ in outs)
     return in_blobs, in_batch, out_blobs, ob
@@ -218,7 +222,8 @@ def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], 
             hint="use --backend tvm, or rewrite that part of the model")
     param, binf = root / "model.ncnn.param", root / "model.ncnn.bin"
     in_blobs, in_batch, out_blobs, out_batch = _io_from_pyscript(
-        (root / "model_ncnn.py").read_text(), len(model.inputs), len(model.outputs))
+        (root / "model_ncnn.py").read_text(), len(model.inputs), len(model.outputs),
+        tuple(tuple(s.shape) for s in model.inputs))
     err = _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision)
     return {"input_blobs": in_blobs, "output_blobs": out_blobs, "input_batch": in_batch,
             "output_batch": out_batch, "layer_types": sorted({t for t, _ in layers}), "check_error": err,
@@ -310,7 +315,7 @@ def _run_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batc
     with net.create_extractor() as ex:
         for spec, blob, b in zip(model.inputs, in_blobs, in_batch):
             arr = np.ascontiguousarray(inputs[spec.name], dtype=np.float32)
-            mat = ncnn.Mat(arr[0] if b == "0" else arr).clone()
+            mat = ncnn.Mat(arr if b == "none" else np.take(arr, 0, axis=int(b))).clone()
             ex.input(blob, mat)
         for spec, blob, b in zip(model.outputs, out_blobs, out_batch):
             ret, mat = ex.extract(blob)
