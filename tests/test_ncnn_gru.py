@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 from conftest import run_edgepack
 from edgepack.backends.ncnn import NcnnBackend
+from edgepack.backends.ncnn.recurrent_forms import flat_gru_initial_states
 from edgepack.model import load_model
 from edgepack.runner import run_artifact
 
@@ -85,3 +86,20 @@ def test_a_gru_of_tensorflows_form_is_not_given_to_ncnn(tmp_path):
         path = tmp_path / f"gru{lbr}.onnx"
         onnx.save(_gru(lbr), path)
         assert NcnnBackend().unsupported_ops(load_model(path)) == expected
+
+
+def test_a_constant_gru_state_is_written_flat_and_an_input_state_is_left_alone():
+    # ncnn's GRU returns its final state in the shape of the state it was given: [dirs, H] as pnnx
+    # sizes the layers after it, not the 3-D [dirs, 1, H] MemoryData pnnx writes
+    param = "\n".join([
+        "7767517", "5 6",
+        "Input in0 0 1 in0",
+        "MemoryData h0 0 1 13 0=32 1=1 2=2",
+        "Split splitncnn_0 1 2 13 14 15",
+        "GRU gru_0 2 2 in0 14 16 17 0=32 1=24576 2=2",
+        "Input in1 0 1 in1",
+        "GRU gru_1 2 1 16 in1 18 0=32 1=12288 2=2"]) + "\n"
+    flat, changed = flat_gru_initial_states(param)
+    assert changed == 1
+    assert "MemoryData h0 0 1 13 0=32 1=2\n" in flat
+    assert flat.replace("MemoryData h0 0 1 13 0=32 1=2", "MemoryData h0 0 1 13 0=32 1=1 2=2") == param

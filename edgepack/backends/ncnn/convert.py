@@ -19,6 +19,7 @@ from ...cache import cache_root, key_of, lock_file, locked, sha256_bytes, touch_
 from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
 from ...quantized import rounds_quotients
+from .recurrent_forms import flat_gru_initial_states
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
 from .fuse import batch_shared_products, gemv_as_gemm
@@ -27,7 +28,7 @@ from .memory import without_winograd
 from .erf_gelu import erf_gelus_as_gelu
 from .strided_conv import strided_convs_as_rows
 from .tanh_gelu import tanh_gelus_as_gelu
-from . import erf_gelu, fuse, reduce_max, rewrite, seq_first, strided_conv, tanh_gelu
+from . import erf_gelu, fuse, recurrent_forms, reduce_max, rewrite, seq_first, strided_conv, tanh_gelu
 from .rewrite import VERSION as REWRITE_VERSION
 from .reduce_max import reduce_maxes_for_ncnn
 from .rewrite import rewrite_for_ncnn
@@ -114,7 +115,7 @@ def graph_code_digest() -> str:
     made by the old code (an experiment under an unbumped version number once did). A frozen edgepack
     ships no .py files: there the version numbers alone key it."""
     h = hashlib.sha256()
-    for module in (rewrite, seq_first, fuse, strided_conv, erf_gelu, tanh_gelu, reduce_max):
+    for module in (rewrite, seq_first, fuse, strided_conv, erf_gelu, tanh_gelu, reduce_max, recurrent_forms):
         src = Path(module.__file__)
         h.update(src.read_bytes() if src.suffix == ".py" and src.is_file() else module.__name__.encode())
     return h.hexdigest()[:16]
@@ -282,6 +283,9 @@ def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[st
     if rounds_quotients(model.proto):
         # integer sums: no Winograd, and Gemms of constant B marked for integer sums (int8_gemm_patch.py)
         param.write_text(mark_integer_gemms(without_winograd(param.read_text()))[0])
+    flat, changed = flat_gru_initial_states(param.read_text())
+    if changed:
+        param.write_text(flat)
     return parse_param_layers(param.read_text())
 
 
@@ -311,12 +315,14 @@ def _run_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batc
     net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
     if net.load_param(str(param)) != 0 or net.load_model(str(binf)) != 0:
         raise BuildError("the ncnn Python wheel could not load pnnx's output")
-    got = {}
+    got, fed = {}, []
     with net.create_extractor() as ex:
         for spec, blob, b in zip(model.inputs, in_blobs, in_batch):
             arr = np.ascontiguousarray(inputs[spec.name], dtype=np.float32)
-            mat = ncnn.Mat(arr if b == "none" else np.take(arr, 0, axis=int(b))).clone()
-            ex.input(blob, mat)
+            # the arrays and Mats stay referenced until the extractor is done with them
+            fed.append(np.ascontiguousarray(arr if b == "none" else np.take(arr, 0, axis=int(b))))
+            fed.append(ncnn.Mat(fed[-1]).clone())
+            ex.input(blob, fed[-1])
         for spec, blob, b in zip(model.outputs, out_blobs, out_batch):
             ret, mat = ex.extract(blob)
             if ret != 0:

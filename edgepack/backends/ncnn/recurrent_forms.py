@@ -7,8 +7,8 @@ torch exports one, and two forms that other exporters (or onnxsim) leave go wron
   initial state and dropped the bias, a wrong model (speechmos' PLCMOS);
 - Y unread and only Y_h read (`_, h = gru(x)`): pnnx left a raw GRU that ncnn cannot load.
 So a zero initial_h is written out, and Y is kept in use (gru_sequence_kept). Y_h stays what ncnn's
-GRU returns: pnnx sizes the layers after it for that blob (a state rebuilt from Y's steps came out
-2-D where they expect ncnn's 3-D [dirs, 1, H], and a Concat of the two mixed them).
+GRU returns, and after pnnx a constant initial state is written as the 2-D [dirs, H] blob pnnx sizes
+the later layers for (flat_gru_initial_states): ncnn's GRU returns its state in its input's shape.
 """
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def gru_sequence_kept(model: onnx.ModelProto) -> int:
             continue
         y, yh = node.output[0], node.output[1]
         x = gr.shapes.get(node.input[0])
-        if (y and y in used) or yh in gr.outputs or yh not in used or not x or len(x) != 3:
+        dirs, hidden = _directions(node), int(_attr(node, "hidden_size"))
+        if (y and y in used) or yh in gr.outputs or yh not in used or not x or len(x) != 3 or x[1] != 1 or x[0] < dirs:
             continue
         if _attr(node, "direction", b"forward") in (b"reverse", "reverse"):
             continue
@@ -91,7 +92,7 @@ def gru_sequence_kept(model: onnx.ModelProto) -> int:
         def const(values, dtype=np.int64):
             return gr.add_const("gru_keep", np.array(values, dtype))
         merged, first, zero, kept = (gr.fresh(f"{y}_{part}") for part in ("merged", "first", "zero", "kept"))
-        if _directions(node) == 2:
+        if dirs == 2:
             moved = gr.fresh(f"{y}_moved")
             added = [helper.make_node("Transpose", [y], [moved], perm=[0, 2, 1, 3], name=gr.fresh("gru_merge")),
                      helper.make_node("Reshape", [moved, const([0, 0, -1])], [merged], name=gr.fresh("gru_merge"))]
@@ -100,7 +101,9 @@ def gru_sequence_kept(model: onnx.ModelProto) -> int:
                      if _opset(model) >= 13 else
                      helper.make_node("Squeeze", [y], [merged], axes=[1], name=gr.fresh("gru_merge"))]
         added += [
-            helper.make_node("Slice", [merged, const([0, 0, 0]), const([1, 1, 1]), const([0, 1, 2])], [first],
+            # Y_h's own shape [dirs, 1, H], cut from the merged [T, 1, dirs*H]: pnnx gives both the same
+            # 2-D ncnn blob, so the Add needs no broadcast (a [1, 1, 1] one came out 3-D)
+            helper.make_node("Slice", [merged, const([0, 0, 0]), const([dirs, 1, hidden]), const([0, 1, 2])], [first],
                              name=gr.fresh("gru_keep")),
             helper.make_node("Mul", [first, const(0.0, np.float32)], [zero], name=gr.fresh("gru_keep")),
             helper.make_node("Add", [yh, zero], [kept], name=gr.fresh("gru_keep"))]
@@ -109,3 +112,42 @@ def gru_sequence_kept(model: onnx.ModelProto) -> int:
         plan[pos] = [node, *added]
     return _apply(gr.g, plan)
 
+
+
+def flat_gru_initial_states(param: str) -> tuple[str, int]:
+    """The .param with each constant initial state of a GRU as the 2-D [dirs, H] blob ncnn's GRU reads;
+    how many it changed.
+
+    pnnx writes a zero initial_h [dirs, 1, H] as a 3-D MemoryData (w=H, h=1, c=dirs), and ncnn's GRU
+    returns its final state in the shape of the state it was given, while pnnx sizes every later layer
+    for [dirs, H] (it drops the batch axis): a Concat of that state with another then mixed 3-D and
+    2-D blobs (PLCMOS: 2.5% of scale off). Same values, same bytes in the .bin."""
+    lines = param.splitlines()
+    producer = {}
+    for k, line in enumerate(lines[2:], start=2):
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        n_in, n_out = int(parts[2]), int(parts[3])
+        for blob in parts[4 + n_in:4 + n_in + n_out]:
+            producer[blob] = k
+    changed = 0
+    for line in lines[2:]:
+        parts = line.split()
+        if len(parts) < 6 or parts[0] != "GRU" or int(parts[2]) < 2:
+            continue
+        k = producer.get(parts[5])
+        while k is not None and lines[k].split()[0] == "Split":
+            k = producer.get(lines[k].split()[4])
+        if k is None:
+            continue
+        fields = lines[k].split()
+        if fields[0] != "MemoryData":
+            continue
+        n = 4 + int(fields[2]) + int(fields[3])
+        params = dict(p.split("=", 1) for p in fields[n:])
+        if params.get("1") != "1" or "2" not in params or "11" in params:
+            continue
+        lines[k] = " ".join(fields[:n] + [f"0={params['0']}", f"1={params['2']}"])
+        changed += 1
+    return "\n".join(lines) + ("\n" if param.endswith("\n") else ""), changed

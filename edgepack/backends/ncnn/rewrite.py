@@ -25,7 +25,7 @@ from .pnnx_forms import gemm_bias_as_vector, pad_mode_explicit, reduce_axis_with
 from .seq_first import lift_sequence_tail
 
 # Part of the NCNN conversion cache key: bump when a rewrite's output changes.
-VERSION = 6  # 2: lift_sequence_tail; 3: focus_to_pixel_unshuffle; 4-6: pnnx_forms
+VERSION = 7  # 2: lift_sequence_tail; 3: focus_to_pixel_unshuffle; 4-6: pnnx_forms; 7: GRU forms (recurrent_forms.py)
 
 
 class _Graph:
