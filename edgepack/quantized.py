@@ -65,6 +65,8 @@ def lower_quantized(model: LoadedModel) -> LoadedModel:
                                           "8 or 16 bits with constant scales (quantize_static), or export the float model")
     proto, counts = lower_graph(model.proto)
     done = ", ".join(f"{counts[op]} {op}" for op in LOWERED if counts.get(op))
+    if counts.get("MatMul summed as integers"):
+        done += f"; {counts['MatMul summed as integers']} MatMul of int8 weights on integers (then scaled)"
     if counts.get("com.microsoft.DynamicQuantizeLSTM"):
         done += (f"; H quantised at {counts['recurrent steps quantised']} unrolled LSTM steps"
                  + (f", {counts['LSTM left whole']} LSTM left whole (H not quantised: sequence length not static)"
@@ -237,12 +239,12 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
     handlers = {"DynamicQuantizeLinear": lambda n: lw.quantise(n.input[0], *n.output),
                 "ConvInteger": lw.integer_product, "MatMulInteger": lw.integer_product,
                 "com.microsoft.DynamicQuantizeLSTM": lambda n: lower_lstm(lw, n),
-                "QuantizeLinear": static.quantise, "DequantizeLinear": static.dequantise}
+                "QuantizeLinear": static.quantise, "DequantizeLinear": static.dequantise, "MatMul": static.matmul}
     for node in proto.graph.node:
         op = _op(node)
         handler = handlers.get(op, lw.other)
         handler(node)
-        if op in handlers:
+        if op in handlers and op != "MatMul":
             lw.counts[op] = lw.counts.get(op, 0) + 1
     outputs = {o.name for o in proto.graph.output}
     for name in outputs & (set(lw.floated) | lw.rank1):   # graph outputs keep their declared type

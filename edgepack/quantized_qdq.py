@@ -106,6 +106,9 @@ class StaticLowering:
                 self.readers.setdefault(name, []).append(node)
         self.graph_outputs = {o.name for o in proto.graph.output}
         self.pending: dict[str, tuple] = {}   # quantised tensor -> (round(x / s), zp, lo, hi)
+        self.fake: dict[str, tuple] = {}      # fake-quantised activation -> (round(x / s), zp, lo, hi, s)
+        self.weights: dict[str, tuple] = {}   # dequantised constant -> (q, scale, zp, axis)
+        self.centred: dict[str, str] = {}     # fake-quantised activation -> its integers, x / s rounded
         # Clip takes its bounds as inputs from opset 11; DequantizeLinear exists from opset 10
         self.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 11)
 
@@ -156,13 +159,39 @@ class StaticLowering:
         out = node.output[0]
         if q in lw.consts:
             self._constant(out, dequantised(lw.consts[q], scale, zp, axis))
+            self.weights[out] = (lw.consts[q], scale, zp, axis)
             return
         s = lw.const(scale.reshape(()), "dqscale")
         if q in self.pending:   # the QDQ pair: clip(round(x / s), lo - zp, hi - zp) * s
             rounded, z, lo, hi = self.pending[q]
+            self.fake[out] = (rounded, z, lo, hi, float(scale.reshape(())))
             lw.emit("Mul", [self._clip(rounded, lo - z, hi - z), s], [out])
             return
         centred = lw.as_float(q)
         if zp is not None and float(zp.reshape(())) != 0.0:
             centred = lw.emit("Sub", [centred, lw.const(float(zp.reshape(())), "dqzp")])
         lw.emit("Mul", [centred, s], [out])
+
+    def matmul(self, node) -> None:
+        """MatMul(fake-quantised activation, dequantised int8 weight [K, N], per column or per tensor, zero
+        point 0) -> MatMul of the integers, times s_a * s_w[n]: the same sum, in the form
+        int8_gemm_patch.py sums as integers (the conversion marks the Gemm; B is integers there)."""
+        lw = self.lw
+        a, b = node.input[0], node.input[1]
+        act, weight = self.fake.get(a), self.weights.get(b)
+        if act is None or weight is None:
+            lw.other(node)
+            return
+        q, w_scale, w_zp, axis = weight
+        per_column = w_scale.size == 1 or (q.ndim == 2 and axis in (1, -1) and w_scale.size == q.shape[1])
+        if q.ndim != 2 or not per_column or (w_zp is not None and np.any(w_zp != 0)) or q.dtype.itemsize != 1:
+            lw.other(node)
+            return
+        rounded, z, lo, hi, a_scale = act
+        if a not in self.centred:   # one integer tensor for every MatMul that reads the activation
+            self.centred[a] = self._clip(rounded, lo - z, hi - z)
+        centred = self.centred[a]
+        product = lw.emit("MatMul", [centred, lw.const(q.astype(np.float32), b + "_int")])
+        scale = (np.float32(a_scale) * w_scale.astype(np.float32)).reshape(-1 if w_scale.size > 1 else ())
+        lw.emit("Mul", [product, lw.const(scale, "mmscale")], [node.output[0]])
+        lw.counts["MatMul summed as integers"] = lw.counts.get("MatMul summed as integers", 0) + 1

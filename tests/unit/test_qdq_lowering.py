@@ -80,6 +80,8 @@ def test_quantize_static_qdq_cnn_computes_what_onnxruntime_computes(tmp_path):
     assert not _ops(low.proto) & {"QuantizeLinear", "DequantizeLinear"}
     assert rounds_quotients(low.proto)   # x / scale is rounded next: NCNN divides exactly
     assert "QuantizeLinear" in low.notes[-1] and "DequantizeLinear" in low.notes[-1]
+    # the head's MatMul (int8 weights per column) multiplies the integers and scales after
+    assert "1 MatMul of int8 weights on integers" in low.notes[-1], low.notes[-1]
     fused, unfused, lowered = _session(model.proto), _session(model.proto, fused=False), _session(low.proto)
     saturated = 0.0
     for seed in range(6):
