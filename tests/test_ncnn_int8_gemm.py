@@ -1,7 +1,8 @@
 """Dynamically quantised MatMuls (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger) are summed as
 integers on AVX2 CPUs (edgepack/backends/ncnn/int8_gemm_patch.py) and give onnxruntime's answer.
 
-The model has two heads on one 20 x 300 input (rows not a multiple of 16: packed 4 per row): a
+The model has two heads on one M x 300 input, M = 20 (packed 4 rows a pack: A converted row by row) or
+48 (packed 8 rows a pack: A converted eight rows at once, vectorised): a
 quantised MatMul to 1000 columns with uint8 weights and a bias (N not a multiple of 8: a part block),
 and a float MatMul whose weights are small integers but whose input is not, which the conversion marks
 too (it marks every Gemm of constant B in a lowered graph) and which must fall back to fp32 sums.
@@ -25,7 +26,7 @@ from clirun import run_artifact_on
 from test_ncnn_thread_split import build_fp32_ncnn
 from edgepack.backends.ncnn.int8_gemm_patch import MARK_KEY, mark_integer_gemms
 
-M, K, N, N2 = 20, 300, 1000, 40
+K, N, N2 = 300, 1000, 40
 
 
 def _host_flags() -> set[str]:
@@ -40,11 +41,12 @@ def _expected_mode(cpu: str) -> str | None:
     return None   # "native isa=sse", Nehalem
 
 
-@pytest.fixture(scope="module")
-def int8_model(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=[20, 48])
+def int8_model(request, tmp_path_factory) -> tuple[Path, int]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
+    M = request.param
     rng = np.random.default_rng(11)
-    tmp = tmp_path_factory.mktemp("int8gemm")
+    tmp = tmp_path_factory.mktemp(f"int8gemm{M}")
     w = (rng.standard_normal((K, N)) * 0.2 + 0.05).astype(np.float32)   # off-centre: uint8 zero point not 128
     w2 = rng.integers(-3, 4, (K, N2)).astype(np.float32)                  # integers, fed a float input
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="quantised"),
@@ -65,7 +67,7 @@ def int8_model(tmp_path_factory) -> Path:
     quantize_dynamic(src, dst, weight_type=QuantType.QUInt8, nodes_to_exclude=["float_integer_weights"])
     ops = [n.op_type for n in onnx.load(dst).graph.node]
     assert ops.count("MatMulInteger") == 1 and ops.count("MatMul") == 1, ops
-    return dst
+    return dst, M
 
 
 def _run(art: Path, cpu: str, x_path: Path, out: Path, threads: int = 1) -> tuple[dict, str]:
@@ -84,6 +86,7 @@ def test_marks_only_gemms_of_constant_b():
 
 
 def test_quantised_matmul_runs_in_int8_and_matches_onnxruntime(int8_model, tmp_path):
+    int8_model, M = int8_model
     dist = tmp_path / "dist"
     art = build_fp32_ncnn(int8_model, dist)
     assert json.loads((dist / "int8gemm-x86_64.json").read_text())["backend"]["name"] == "ncnn"

@@ -10,11 +10,14 @@ A Gemm line the conversion marks with ``28=1`` (convert.py: every Gemm of consta
 lowered quantisation) is taken here when the CPU has AVX2 and every value of B is an integer in
 [-255, 255]: B is packed once as int16 pairs ([N/8][K/2][8][2], no fp32 copy kept: 16.8 MB instead of
 33.6 for ddddocr's classifier). Each run checks that A holds integers in [-255, 255] (what the
-quantiser makes), converts it to int16 and sums with vpmaddwd (two 16-bit products per 32-bit lane,
+quantiser makes), converts it to int16 pairs eight rows a block (vectorised for ncnn's packed A, where
+a pack holds eight or sixteen rows' values of one depth: a scalar check had been 13% of a QDQ
+transformer's time) and sums with vpmaddwd (two 16-bit products per 32-bit lane,
 exact) into int32, then rounds each sum once to fp32: the fp32 Gemm's result wherever its partial sums
 stayed below 2^24, and onnxruntime's int32 sum where they did not. So the outputs are the same bits on
 every CPU. A run whose A fails the check (a marked layer fed something else) takes a plain fp32 loop
-over the same packed weights: right, slow, and not expected.
+over the same packed weights: right, slow, and not expected. Static (QDQ) quantisation reaches this
+too: quantized_qdq.py writes a MatMul of int8 weights as a MatMul of the integers, then scaled.
 
 Taken only for: constant B stored transposed (transB=1, pnnx's layout), A not constant or
 transposed, one input, alpha 1, fp32 output not transposed, K up to 32768 (int32 cannot overflow),
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 1
+INT8_GEMM_PATCH_VERSION = 2  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -60,9 +63,10 @@ static inline float ep_b_value(const Mat& B, size_t i)
     return B.elemsize == 2u ? float16_to_float32(((const unsigned short*)B.data)[i]) : ((const float*)B.data)[i];
 }
 
-// R rows of int16 A (lda apart, K2 pairs) times one 8-column block of int16 B, exact int32 sums
+// R rows of int16 A times one 8-column block of int16 B, exact int32 sums. A is packed 8 rows a block,
+// [K2][8 rows][2]: row r's pair q at a + q * 16 + r * 2 (one 32-byte line holds a pair of all 8 rows)
 template<int R>
-__attribute__((target("avx2"))) static void ep_i16_rows(const short* a, size_t lda, const short* b, int K2, int* out)
+__attribute__((target("avx2"))) static void ep_i16_rows(const short* a, const short* b, int K2, int* out)
 {
     __m256i acc[R];
     for (int r = 0; r < R; r++)
@@ -73,12 +77,35 @@ __attribute__((target("avx2"))) static void ep_i16_rows(const short* a, size_t l
         for (int r = 0; r < R; r++)
         {
             int a2;
-            __builtin_memcpy(&a2, a + r * lda + (size_t)q * 2, 4);
+            __builtin_memcpy(&a2, a + (size_t)q * 16 + r * 2, 4);
             acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_set1_epi32(a2), bv));
         }
     }
     for (int r = 0; r < R; r++)
         _mm256_storeu_si256((__m256i*)(out + r * 8), acc[r]);
+}
+
+// One block of 8 rows of a packed A (elempack 8 or 16: row r's value k at base + k * stride + r) as int16
+// pairs in the layout above, eight values at a time; 1 while every value is an integer in [-255, 255]
+// (NaN fails every compare)
+__attribute__((target("avx2"))) static int ep_a16_block_packed(const float* base, int stride, int K, short* dst)
+{
+    const __m256 lo = _mm256_set1_ps(-255.f), hi = _mm256_set1_ps(255.f);
+    const __m256i low16 = _mm256_set1_epi32(0xffff);
+    __m256 good = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (int k = 0; k < K; k += 2)
+    {
+        const __m256 v0 = _mm256_loadu_ps(base + (size_t)k * stride);
+        const __m256 v1 = k + 1 < K ? _mm256_loadu_ps(base + (size_t)(k + 1) * stride) : _mm256_setzero_ps();
+        const __m256i i0 = _mm256_cvttps_epi32(v0), i1 = _mm256_cvttps_epi32(v1);
+        good = _mm256_and_ps(good, _mm256_and_ps(_mm256_cmp_ps(v0, lo, _CMP_GE_OQ), _mm256_cmp_ps(v0, hi, _CMP_LE_OQ)));
+        good = _mm256_and_ps(good, _mm256_and_ps(_mm256_cmp_ps(v1, lo, _CMP_GE_OQ), _mm256_cmp_ps(v1, hi, _CMP_LE_OQ)));
+        good = _mm256_and_ps(good, _mm256_cmp_ps(_mm256_cvtepi32_ps(i0), v0, _CMP_EQ_OQ));
+        good = _mm256_and_ps(good, _mm256_cmp_ps(_mm256_cvtepi32_ps(i1), v1, _CMP_EQ_OQ));
+        const __m256i pair = _mm256_or_si256(_mm256_and_si256(i0, low16), _mm256_slli_epi32(i1, 16));
+        _mm256_storeu_si256((__m256i*)(dst + (size_t)(k / 2) * 16), pair);
+    }
+    return _mm256_movemask_ps(good) == 0xff;
 }
 
 } // namespace
@@ -98,32 +125,40 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     const size_t A_hstep = A.dims == 3 ? A.cstep : (size_t)A.w;
     const int K2 = (K + 1) / 2;
     const int NB = (N + 7) / 8;
-    const size_t lda = (size_t)K2 * 2; // int16 per row of the converted A
 
     // row m of A: its values k * ep apart
     auto a_row = [&](int m) { return (const float*)A.data + (size_t)(m / ep) * ep * A_hstep + m % ep; };
 
-    // A's rows as int16; ok stays 1 while every value is an integer in [-255, 255]
-    Mat a16(lda * 2, M, (size_t)1u, opt.workspace_allocator);
+    // A as int16 pairs, 8 rows a block ([K2][8][2] per block; pairs past K and rows past M are 0);
+    // ok stays 1 while every value is an integer in [-255, 255]
+    const int MB = (M + 7) / 8;
+    Mat a16((size_t)K2 * 32, MB, (size_t)1u, opt.workspace_allocator);
     if (a16.empty())
         return -100;
     int ok = 1;
-    for (int m = 0; m < M && ok; m++)
+    for (int blk = 0; blk < MB && ok; blk++)
     {
-        const float* p = a_row(m);
-        short* row = (short*)a16.row<unsigned char>(m);
-        for (int k = 0; k < K; k++)
+        short* dst = (short*)a16.row<unsigned char>(blk);
+        if (ep == 8 || ep == 16)
         {
-            const float v = p[(size_t)k * ep];
-            if (!(v >= -255.f && v <= 255.f) || v != (float)(int)v)
-            {
-                ok = 0;
-                break;
-            }
-            row[k] = (short)(int)v;
+            ok = ep_a16_block_packed(a_row(blk * 8), ep, K, dst);
+            continue;
         }
-        if (K % 2)
-            row[K] = 0;
+        memset(dst, 0, (size_t)K2 * 32);
+        for (int r = 0; r < 8 && blk * 8 + r < M && ok; r++)
+        {
+            const float* p = a_row(blk * 8 + r);
+            for (int k = 0; k < K; k++)
+            {
+                const float v = p[(size_t)k * ep];
+                if (!(v >= -255.f && v <= 255.f) || v != (float)(int)v)
+                {
+                    ok = 0;
+                    break;
+                }
+                dst[(size_t)(k / 2) * 16 + r * 2 + k % 2] = (short)(int)v;
+            }
+        }
     }
     if (!ok && ep_int8_trace())
         NCNN_LOGE("edgepack int8 gemm: input not integers in [-255, 255], fp32 loop");
@@ -163,14 +198,14 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
             const int rows = std::min(8, M - m0);
             if (ok)
             {
-                const short* a = (const short*)a16.row<const unsigned char>(m0);
+                const short* a = (const short*)a16.row<const unsigned char>(m0 / 8);
                 int r = 0;
                 for (; r + 8 <= rows; r += 8)
-                    ep_i16_rows<8>(a + r * lda, lda, b, K2, acc + r * 8);
+                    ep_i16_rows<8>(a + r * 2, b, K2, acc + r * 8);
                 for (; r + 4 <= rows; r += 4)
-                    ep_i16_rows<4>(a + r * lda, lda, b, K2, acc + r * 8);
+                    ep_i16_rows<4>(a + r * 2, b, K2, acc + r * 8);
                 for (; r < rows; r++)
-                    ep_i16_rows<1>(a + r * lda, lda, b, K2, acc + r * 8);
+                    ep_i16_rows<1>(a + r * 2, b, K2, acc + r * 8);
             }
             for (int r = 0; r < rows; r++)
             {
