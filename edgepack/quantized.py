@@ -277,9 +277,16 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
 
 
 def rounds_quotients(proto: onnx.ModelProto) -> bool:
-    """Whether `proto` carries lowered dynamic quantisation: activations divided by a scale and
-    rounded, where a quotient one ulp off a tie rounds the other way (a fast-math division is)."""
+    """Whether `proto` carries lowered quantisation (dynamic or static): activations divided by a scale
+    and rounded, where a quotient one ulp off a tie rounds the other way (a fast-math division is)."""
     return any(p.key == LOWERED_KEY for p in proto.metadata_props)
+
+
+def sums_integers(proto: onnx.ModelProto) -> bool:
+    """Whether `proto` carries lowered *dynamic* quantisation, whose convolutions sum integers exactly
+    as ConvInteger does (so no Winograd, whose fractional transforms moved ddddocr_old_int8 by 1.3%).
+    A static (QDQ) graph's reference convolutions are float ones: Winograd stays."""
+    return any(p.key == LOWERED_KEY and p.value == "dynamic-int8" for p in proto.metadata_props)
 
 
 def _live(nodes, inits, outputs: set[str]):

@@ -120,6 +120,8 @@ def test_quantize_static_qdq_model_builds_and_runs_like_onnxruntime(tmp_path):
     notes = " ".join(manifest["model"]["notes"])
     assert "QuantizeLinear" in notes and "DequantizeLinear" in notes, notes
     assert manifest["backend"]["name"] == "ncnn", manifest["backend"]
+    # float convolutions, as the reference's: Winograd is not masked (only dynamic int8 sums integers)
+    assert manifest["backend"]["exact_integer_convolutions"] is False
     tol = manifest["tolerance"]
     # the QDQ ops as written (the build's reference, edgepack/reference.py): onnxruntime's fused u8s8
     # kernels saturate on AVX2 CPUs without VNNI

@@ -6,7 +6,7 @@ import shutil
 
 from .. import CompileRequest, EngineBuild, register
 from ...model import LoadedModel
-from ...quantized import rounds_quotients
+from ...quantized import sums_integers
 from .recurrent_forms import torch_form_gru
 from ...reference import POLICY
 from ...resources import runtimes_dir
@@ -89,7 +89,7 @@ class NcnnBackend:
                       "precision": rung, "weights": weights,
                       "conversion_check_max_abs_err": converted.check_error,
                       # lowered dynamic int8: Winograd off on every convolution (exact integer sums)
-                      "exact_integer_convolutions": rounds_quotients(req.model.proto),
+                      "exact_integer_convolutions": sums_integers(req.model.proto),
                       "onnx_rewrites": list(converted.rewrites),
                       "weights_dedup": dedup.manifest() if dedup else None},
             weight_bytes=sum(p.stat().st_size for p in blobs[1:]),  # embedded: stored bytes (+ map)

@@ -18,7 +18,7 @@ from ... import proc
 from ...cache import cache_root, key_of, lock_file, locked, sha256_bytes, touch_used
 from ...errors import BuildError, ToolMissingError, UnsupportedOpError, VerificationError
 from ...model import LoadedModel
-from ...quantized import rounds_quotients
+from ...quantized import rounds_quotients, sums_integers
 from .recurrent_forms import flat_gru_initial_states
 from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
@@ -124,10 +124,13 @@ def graph_code_digest() -> str:
 def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
     import ncnn  # the Python wheel: the converted model's independent check
     blob = model.proto.SerializeToString()
-    # (a graph that rounds quotients, and so converts without Winograd, says so in its metadata:
-    # the model's bytes already key it)
-    key = key_of({"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 3,
-                  "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION})
+    # (a graph with lowered quantisation says so in its metadata, dynamic or static: the model's bytes
+    # already key it; static graphs' key also says which conversion rule they had)
+    parts = {"model": sha256_bytes(blob), "pnnx": PNNX_VERSION, "precision": precision, "v": 3,
+             "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION}
+    if rounds_quotients(model.proto) and not sums_integers(model.proto):
+        parts["static_int8"] = 2   # 2: Winograd kept for static (QDQ) graphs
+    key = key_of(parts)
     # The folder also follows the rewrite code; the key the manifest records does not, so a frozen
     # edgepack (no .py files to digest) builds the same bytes as a pip-installed one.
     entry = key_of({"key": key, "graph_code": graph_code_digest()})
@@ -281,8 +284,10 @@ def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[st
     if not param.is_file() or not binf.is_file():
         raise BuildError(f"pnnx wrote no ncnn model for {model.path.name} (log: {root / 'pnnx.log'})")
     if rounds_quotients(model.proto):
-        # integer sums: no Winograd, and Gemms of constant B marked for integer sums (int8_gemm_patch.py)
-        param.write_text(mark_integer_gemms(without_winograd(param.read_text()))[0])
+        # Gemms of constant B marked for integer sums (int8_gemm_patch.py); dynamic int8's convolutions
+        # sum integers exactly, as ConvInteger does: no Winograd there
+        text = param.read_text()
+        param.write_text(mark_integer_gemms(without_winograd(text) if sums_integers(model.proto) else text)[0])
     flat, changed = flat_gru_initial_states(param.read_text())
     if changed:
         param.write_text(flat)
