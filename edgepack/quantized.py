@@ -6,9 +6,10 @@ DynamicQuantizeLSTM). Neither NCNN nor TVM takes these ops, but every one of the
 equivalent: the quantised activations are small integers, held here as "integer-valued" float32
 tensors, and the integer convolutions become float convolutions on (x - x_zp) and (w - w_zp).
 
-Handled: DynamicQuantizeLinear, ConvInteger, MatMulInteger, com.microsoft.DynamicQuantizeLSTM, and
-the QDQ format's QuantizeLinear/DequantizeLinear (quantize_static; quantized_qdq.py). Everything else
-quantised (QLinear*, the com.microsoft Q* ops) is refused with one clear error.
+Handled: DynamicQuantizeLinear, ConvInteger, MatMulInteger, com.microsoft.DynamicQuantizeLSTM, the
+QDQ format's QuantizeLinear/DequantizeLinear (quantize_static; quantized_qdq.py) and the QOperator
+format's QLinearConv/QLinearMatMul. Everything else quantised (the com.microsoft QLinear* and Q* ops)
+is refused with one clear error.
 """
 from __future__ import annotations
 
@@ -21,19 +22,20 @@ from .model import LoadedModel, _with
 from .onnx_index import constants, tensor_infos
 
 LOWERED = ("DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "com.microsoft.DynamicQuantizeLSTM",
-           "QuantizeLinear", "DequantizeLinear")
+           "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul")
 # quantised ops this module does not lower (and every QLinear* op): refused before any backend tries them
 REFUSED = frozenset({"MatMulInteger16", "QAttention", "QGemm",
                      "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QOrderedMatMul", "MatMulNBits"})
 
 # ops that only move or select elements: an integer-valued float stays one, same original dtype
 _MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Concat", "Slice",
-          "Gather", "Expand", "Tile", "Split", "Pad"}
+          "Gather", "Expand", "Tile", "Split", "Pad", "MaxPool", "GlobalMaxPool"}
 # exact on integers held in float32 while the values stay below 2^24 in magnitude
 _ARITH = {"Add", "Sub", "Mul", "Neg", "Abs", "Max", "Min", "Relu"}
 _INTEGRAL = {"Floor", "Ceil", "Round"}  # float outputs that already hold integers
 LOWERED_KEY = "edgepack.lowered_quantisation"  # metadata of a lowered graph (onnxsim keeps it)
 _STATIC = ("QuantizeLinear", "DequantizeLinear")
+_QOPERATOR = ("QLinearConv", "QLinearMatMul")
 _BIG = float(2.0 ** 100)
 
 
@@ -44,7 +46,8 @@ def _op(node) -> str:
 def lower_quantized(model: LoadedModel) -> LoadedModel:
     """The model with the handled dynamic-int8 ops lowered to float ops; unchanged without them."""
     ops = model.ops()
-    refused = sorted(op for op in ops if op.split(".")[-1] in REFUSED or op.split(".")[-1].startswith("QLinear")
+    refused = sorted(op for op in ops if op.split(".")[-1] in REFUSED
+                     or (op.split(".")[-1].startswith("QLinear") and op not in _STATIC + _QOPERATOR)
                      or (op.startswith("com.microsoft.") and op.split(".")[-1] in _STATIC))
     if refused:
         op = refused[0]
@@ -55,7 +58,7 @@ def lower_quantized(model: LoadedModel) -> LoadedModel:
     found = [op for op in LOWERED if op in ops]
     if not found:
         return model
-    if any(op in ops for op in _STATIC):
+    if any(op in ops for op in _STATIC + _QOPERATOR):
         from .quantized_qdq import qdq_problem
         lw = _Lowering(model.proto)
         problem = qdq_problem(model.proto, lw.consts, lw.types)
@@ -239,12 +242,13 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
     handlers = {"DynamicQuantizeLinear": lambda n: lw.quantise(n.input[0], *n.output),
                 "ConvInteger": lw.integer_product, "MatMulInteger": lw.integer_product,
                 "com.microsoft.DynamicQuantizeLSTM": lambda n: lower_lstm(lw, n),
-                "QuantizeLinear": static.quantise, "DequantizeLinear": static.dequantise, "MatMul": static.matmul}
+                "QuantizeLinear": static.quantise, "DequantizeLinear": static.dequantise, "MatMul": static.matmul,
+                "QLinearConv": static.qlinear, "QLinearMatMul": static.qlinear}
     for node in proto.graph.node:
         op = _op(node)
         handler = handlers.get(op, lw.other)
         handler(node)
-        if op in handlers and op != "MatMul":
+        if op in handlers and op not in ("MatMul", "QLinearConv", "QLinearMatMul"):
             lw.counts[op] = lw.counts.get(op, 0) + 1
     outputs = {o.name for o in proto.graph.output}
     for name in outputs & (set(lw.floated) | lw.rank1):   # graph outputs keep their declared type
@@ -271,7 +275,7 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
         out.opset_import.extend(kept)
     if lw.recurrent:
         out = quantise_recurrence(out, lw.recurrent, lw.counts)
-    kind = "static-int8" if any(lw.counts.get(op) for op in _STATIC) else "dynamic-int8"
+    kind = "static-int8" if any(lw.counts.get(op) for op in _STATIC + _QOPERATOR) else "dynamic-int8"
     out.metadata_props.append(onnx.StringStringEntryProto(key=LOWERED_KEY, value=kind))
     return out, lw.counts
 

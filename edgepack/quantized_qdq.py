@@ -36,8 +36,19 @@ def _inputs(node) -> tuple[str, str, str]:
 
 
 def qdq_problem(proto: onnx.ModelProto, consts: dict, types: dict) -> str | None:
-    """Why a QuantizeLinear/DequantizeLinear of `proto` cannot be lowered, or None."""
+    """Why a QuantizeLinear/DequantizeLinear/QLinearConv/QLinearMatMul of `proto` cannot be lowered, or None."""
     for node in proto.graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type in ("QLinearConv", "QLinearMatMul"):
+            what = f"{node.op_type} (node {node.name!r})"
+            ins = list(node.input) + [""] * (9 - len(node.input))
+            params = [ins[k] for k in (1, 2, 4, 5, 6, 7) if ins[k]]
+            if any(p not in consts for p in params) or ins[3] not in consts or (ins[8] and ins[8] not in consts):
+                return f"{what} has weights, a scale or a zero point computed at run time"
+            if consts[ins[1]].size > 1 or consts[ins[6]].size > 1:
+                return f"{what} quantises an activation per axis"
+            if ins[7] and _np_type(consts[ins[7]]) not in RANGES:
+                return f"{what} writes {TensorProto.DataType.Name(_np_type(consts[ins[7]]))}"
+            continue
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
             continue
         what = f"{node.op_type} (node {node.name!r})"
@@ -195,3 +206,32 @@ class StaticLowering:
         scale = (np.float32(a_scale) * w_scale.astype(np.float32)).reshape(-1 if w_scale.size > 1 else ())
         lw.emit("Mul", [product, lw.const(scale, "mmscale")], [node.output[0]])
         lw.counts["MatMul summed as integers"] = lw.counts.get("MatMul summed as integers", 0) + 1
+
+    def qlinear(self, node) -> None:
+        """QLinearConv / QLinearMatMul (the QOperator format) -> the integer Conv / MatMul on centred
+        integers (exact sums, the int32 bias added as onnxruntime adds it), then onnxruntime's
+        requantisation: round_half_even(clip(acc * s, lo - zp, hi - zp)) + zp, with the multiplier
+        s = x_scale * w_scale / y_scale computed in float32 in that order (qlinearconv.cc, MLAS)."""
+        lw = self.lw
+        conv = node.op_type == "QLinearConv"
+        ins = list(node.input) + [""] * (9 - len(node.input))
+        x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = ins[:8]
+        c = lw.consts
+        xc = lw.centred(x, x_zp or None, axis_last=False)
+        wc = lw.centred(w, w_zp or None, axis_last=not conv)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        multiplier = (np.float32(c[x_s].reshape(())) * c[w_s].astype(np.float32).reshape(-1)) / np.float32(c[y_s].reshape(()))
+        inputs = [xc, wc]
+        if conv and ins[8]:
+            inputs.append(lw.const(c[ins[8]].astype(np.float32), ins[8]))   # int32 bias, exact in float
+        acc = lw.emit("Conv" if conv else "MatMul", inputs, **attrs)
+        if multiplier.size > 1 and conv:   # one per output channel: [C, 1, ...] against [N, C, spatial...]
+            multiplier = multiplier.reshape((-1,) + (1,) * (c[w].ndim - 2))
+        dtype = _np_type(c[y_zp]) if y_zp else TensorProto.UINT8
+        lo, hi = RANGES[dtype]
+        z = float(c[y_zp].reshape(())) if y_zp else 0.0
+        scaled = lw.emit("Mul", [acc, lw.const(multiplier if multiplier.size > 1 else multiplier.reshape(()), "requant")])
+        rounded = lw.emit("Round", [self._clip(scaled, lo - z, hi - z)])
+        lw.emit("Add", [rounded, lw.const(z, "qzp")], [node.output[0]])
+        lw.floated[node.output[0]] = dtype
+        lw.counts[node.op_type] = lw.counts.get(node.op_type, 0) + 1

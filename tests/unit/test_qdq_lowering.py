@@ -166,3 +166,52 @@ def test_forms_no_backend_runs_are_refused_naming_the_node(tmp_path, form):
     assert err.value.exit_code == 5
     assert node.name in err.value.message and "r.onnx" in err.value.message, err.value.message
     assert "quantize_static" in err.value.hint
+
+
+def _float_convnet() -> onnx.ModelProto:
+    """Conv -> Relu -> MaxPool -> Conv -> Reshape -> MatMul: what the QOperator format writes with ONNX's own
+    QLinearConv / QLinearMatMul only (an Add or a Sigmoid would become a com.microsoft QLinear op)."""
+    rng = np.random.default_rng(8)
+    f32 = lambda name, *s: nh.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), name)  # noqa: E731
+    nodes = [h.make_node("Conv", ["x", "cw", "cb"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             h.make_node("Conv", ["p", "cw2", "cb2"], ["c2"], pads=[1, 1, 1, 1]),
+             h.make_node("Reshape", ["c2", "shape"], ["f"]), h.make_node("MatMul", ["f", "mw"], ["y"])]
+    inits = [f32("cw", 8, 3, 3, 3), f32("cb", 8), f32("cw2", 16, 8, 3, 3), f32("cb2", 16),
+             nh.from_array(np.array([1, 16 * 4 * 4], np.int64), "shape"), f32("mw", 256, 10)]
+    graph = h.make_graph(nodes, "qop", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 10])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_qoperator_qlinearconv_and_qlinearmatmul_give_onnxruntimes_integers(tmp_path):
+    # per tensor: onnxruntime keeps uint8 weights, which it sums exactly (per channel it writes int8
+    # weights, and its u8s8 AVX2 kernels saturate: 90 of 255 steps off on a channel, measured)
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"x": np.random.default_rng(200 + i).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+                               for i in range(8)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    src, dst = tmp_path / "f.onnx", tmp_path / "qop.onnx"
+    onnx.save(_float_convnet(), src)
+    logging.getLogger().setLevel(logging.ERROR)
+    # uint8 weights: onnxruntime sums u8u8 exactly (u8s8 on AVX2 may saturate int16 pair sums)
+    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QOperator, per_channel=False,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
+    quant = onnx.load(dst)
+    assert {"QLinearConv", "QLinearMatMul"} <= _ops(quant), _ops(quant)
+    model, low = _lowered(tmp_path, quant, "qop-low.onnx")
+    assert not {op for op in _ops(low.proto) if op.startswith("QLinear") or op.endswith("QuantizeLinear")}
+    assert "2 QLinearConv, 1 QLinearMatMul" in low.notes[-1], low.notes[-1]
+    ref, lowered = _session(model.proto), _session(low.proto)
+    for seed in range(6):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((1, 3, 8, 8)).astype(np.float32) * 1.5}
+        # integer sums, then onnxruntime's requantisation in the same float order: the same answer
+        np.testing.assert_array_equal(ref.run(None, feeds)[0], lowered.run(None, feeds)[0])

@@ -182,17 +182,18 @@ def test_models_without_quantised_ops_are_returned_unchanged(tmp_path):
     assert low is model
 
 
-@pytest.mark.parametrize("op", ["QLinearMatMul", "com.microsoft.DequantizeLinear"])
+@pytest.mark.parametrize("op", ["com.microsoft.QLinearAdd", "com.microsoft.DequantizeLinear"])
 def test_other_quantised_ops_are_refused_naming_the_op(tmp_path, op):
-    if op == "QLinearMatMul":
-        nodes = [h.make_node("QLinearMatMul", ["a", "s", "z", "b", "s", "z", "s", "z"], ["y"], name="qmm0")]
+    if op == "com.microsoft.QLinearAdd":   # the QOperator format's contrib ops (ONNX's QLinearConv/MatMul are lowered)
+        nodes = [h.make_node("QLinearAdd", ["a", "s", "z", "b", "s", "z", "s", "z"], ["y"], name="qadd0",
+                             domain="com.microsoft")]
         inits = [nh.from_array(np.array(0.5, np.float32), "s"), nh.from_array(np.array(3, np.uint8), "z"),
-                 nh.from_array(np.ones((4, 4), np.uint8), "b")]
+                 nh.from_array(np.ones((1, 4), np.uint8), "b")]
     else:   # the contrib op (not the ONNX one, which quantized_qdq.py lowers)
         nodes = [h.make_node("DequantizeLinear", ["a", "s", "z"], ["y"], name="deq0", domain="com.microsoft")]
         inits = [nh.from_array(np.array(0.5, np.float32), "s"), nh.from_array(np.array(3, np.uint8), "z")]
     ins = [h.make_tensor_value_info("a", T.UINT8, [1, 4])]
-    out = h.make_tensor_value_info("y", T.UINT8 if op == "QLinearMatMul" else T.FLOAT, [1, 4])
+    out = h.make_tensor_value_info("y", T.UINT8 if op.endswith("QLinearAdd") else T.FLOAT, [1, 4])
     proto = _model(nodes, ins, [out], inits)
     proto.opset_import.append(h.make_opsetid("com.microsoft", 1))
     path = tmp_path / "q.onnx"
