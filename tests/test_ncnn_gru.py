@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import run_edgepack
+from clirun import run_edgepack
 from edgepack.backends.ncnn import NcnnBackend
 from edgepack.backends.ncnn.recurrent_forms import flat_gru_initial_states
 from edgepack.model import load_model
