@@ -275,7 +275,12 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
         out.opset_import.extend(kept)
     if lw.recurrent:
         out = quantise_recurrence(out, lw.recurrent, lw.counts)
-    kind = "static-int8" if any(lw.counts.get(op) for op in _STATIC + _QOPERATOR) else "dynamic-int8"
+    # dynamic int8 and QLinearConv sum integers in their convolutions (exact, as onnxruntime's kernels);
+    # QDQ graphs convolve floats
+    if lw.counts.get("QLinearConv") and not lw.counts.get("ConvInteger"):
+        kind = "integer-convolutions"
+    else:
+        kind = "static-int8" if any(lw.counts.get(op) for op in _STATIC + _QOPERATOR) else "dynamic-int8"
     out.metadata_props.append(onnx.StringStringEntryProto(key=LOWERED_KEY, value=kind))
     return out, lw.counts
 
@@ -287,10 +292,11 @@ def rounds_quotients(proto: onnx.ModelProto) -> bool:
 
 
 def sums_integers(proto: onnx.ModelProto) -> bool:
-    """Whether `proto` carries lowered *dynamic* quantisation, whose convolutions sum integers exactly
-    as ConvInteger does (so no Winograd, whose fractional transforms moved ddddocr_old_int8 by 1.3%).
-    A static (QDQ) graph's reference convolutions are float ones: Winograd stays."""
-    return any(p.key == LOWERED_KEY and p.value == "dynamic-int8" for p in proto.metadata_props)
+    """Whether `proto`'s lowered convolutions sum integers exactly, as ConvInteger and QLinearConv do
+    (dynamic int8, the QOperator format): no Winograd there, whose fractional transforms moved
+    ddddocr_old_int8 by 1.3%. A QDQ graph's reference convolutions are float ones: Winograd stays."""
+    return any(p.key == LOWERED_KEY and p.value in ("dynamic-int8", "integer-convolutions")
+               for p in proto.metadata_props)
 
 
 def _live(nodes, inits, outputs: set[str]):

@@ -172,4 +172,5 @@ def test_qoperator_model_builds_on_ncnn_and_runs_like_onnxruntime(tmp_path):
     art, manifest = built_x86_64(model, tmp_path / "dist")
     assert manifest["backend"]["name"] == "ncnn", manifest["backend"]
     assert "1 QLinearConv, 1 QLinearMatMul" in " ".join(manifest["model"]["notes"])
+    assert manifest["backend"]["exact_integer_convolutions"] is True   # integer sums, as QLinearConv's
     assert_runs_like(ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]), art, manifest, (51, 52), tmp_path)
