@@ -58,15 +58,15 @@ def lower_quantized(model: LoadedModel) -> LoadedModel:
     found = [op for op in LOWERED if op in ops]
     if not found:
         return model
+    lw = _Lowering(model.proto)
     if any(op in ops for op in _STATIC + _QOPERATOR):
         from .quantized_qdq import qdq_problem
-        lw = _Lowering(model.proto)
         problem = qdq_problem(model.proto, lw.consts, lw.types)
         if problem:
             raise UnsupportedOpError(f"{model.path.name}: {problem}: no backend runs it",
                                      hint="quantise per tensor (activations) or per channel (weights) to "
                                           "8 or 16 bits with constant scales (quantize_static), or export the float model")
-    proto, counts = lower_graph(model.proto)
+    proto, counts = lower_graph(model.proto, lw)
     done = ", ".join(f"{counts[op]} {op}" for op in LOWERED if counts.get(op))
     if counts.get("MatMul summed as integers"):
         done += f"; {counts['MatMul summed as integers']} MatMul of int8 weights on integers (then scaled)"
@@ -233,11 +233,12 @@ class _Lowering:
                 self.floated[o] = self.types.get(o, dtype) if node.op_type in _ARITH else dtype
 
 
-def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
-    """A copy of `proto` with the handled ops lowered; the count of each op lowered."""
+def lower_graph(proto: onnx.ModelProto, lw: "_Lowering | None" = None) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """A copy of `proto` with the handled ops lowered; the count of each op lowered. `lw`: a fresh
+    _Lowering of `proto` the caller already made (its shape inference is the costly part)."""
     from .quantized_lstm import lower_lstm, quantise_recurrence
     from .quantized_qdq import StaticLowering
-    lw = _Lowering(proto)
+    lw = lw or _Lowering(proto)
     static = StaticLowering(lw, proto)
     handlers = {"DynamicQuantizeLinear": lambda n: lw.quantise(n.input[0], *n.output),
                 "ConvInteger": lw.integer_product, "MatMulInteger": lw.integer_product,
@@ -248,7 +249,7 @@ def lower_graph(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]
         op = _op(node)
         handler = handlers.get(op, lw.other)
         handler(node)
-        if op in handlers and op not in ("MatMul", "QLinearConv", "QLinearMatMul"):
+        if op in handlers and op != "MatMul":   # a MatMul is counted only where it was lowered
             lw.counts[op] = lw.counts.get(op, 0) + 1
     outputs = {o.name for o in proto.graph.output}
     for name in outputs & (set(lw.floated) | lw.rank1):   # graph outputs keep their declared type

@@ -219,7 +219,7 @@ class StaticLowering:
         c = lw.consts
         xc = lw.centred(x, x_zp or None, axis_last=False)
         wc = lw.centred(w, w_zp or None, axis_last=not conv)
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = _attrs(node)
         multiplier = (np.float32(c[x_s].reshape(())) * c[w_s].astype(np.float32).reshape(-1)) / np.float32(c[y_s].reshape(()))
         inputs = [xc, wc]
         if conv and ins[8]:
@@ -234,4 +234,3 @@ class StaticLowering:
         rounded = lw.emit("Round", [self._clip(scaled, lo - z, hi - z)])
         lw.emit("Add", [rounded, lw.const(z, "qzp")], [node.output[0]])
         lw.floated[node.output[0]] = dtype
-        lw.counts[node.op_type] = lw.counts.get(node.op_type, 0) + 1

@@ -391,13 +391,13 @@ static int to_ncnn_dims(const ep_io_spec *s, int batch_axis, int *w, int *h, int
     return 1;
 }
 
-/* The axis pnnx dropped from input i (its batch axis: the first, or another of size 1), -1 for none. */
+/* The axis pnnx dropped from input i (its batch axis; the build records "0", or another axis only where
+ * it is of size 1: convert.py), -1 for none or for an axis the input does not have. */
 static int batch_axis_of(const ep_model_spec *spec, const char *prefix, int i) {
     const char *v = indexed(spec, prefix, i, "none");
     if (v[0] < '0' || v[0] > '9' || v[1] != '\0') return -1;
     int axis = v[0] - '0';
-    const ep_io_spec *s = &spec->inputs[i];
-    return axis < s->ndim && s->shape[axis] == 1 ? axis : -1;
+    return axis < spec->inputs[i].ndim ? axis : -1;
 }
 
 static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {

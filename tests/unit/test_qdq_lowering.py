@@ -50,9 +50,10 @@ def _float_cnn() -> onnx.ModelProto:
     return model
 
 
-def quantize_static_qdq(tmp_path, float_model: onnx.ModelProto, name: str, per_channel: bool = True) -> onnx.ModelProto:
-    """`float_model` through onnxruntime's quantize_static in the QDQ format (uint8 activations with a
-    zero point, int8 weights per channel), calibrated on 8 seeded inputs."""
+def quantize_static_qdq(tmp_path, float_model: onnx.ModelProto, name: str, per_channel: bool = True,
+                        qoperator: bool = False, weights: str = "QInt8") -> onnx.ModelProto:
+    """`float_model` through onnxruntime's quantize_static (uint8 activations with a zero point), in the
+    QDQ format (or QOperator's), calibrated on 8 seeded inputs."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     src, dst = tmp_path / f"{name}-float.onnx", tmp_path / f"{name}.onnx"
     onnx.save(float_model, src)
@@ -68,8 +69,8 @@ def quantize_static_qdq(tmp_path, float_model: onnx.ModelProto, name: str, per_c
             return next(self.feeds, None)
 
     logging.getLogger().setLevel(logging.ERROR)
-    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QOperator if qoperator else QuantFormat.QDQ,
+                    per_channel=per_channel, activation_type=QuantType.QUInt8, weight_type=getattr(QuantType, weights))
     return onnx.load(dst)
 
 
@@ -189,23 +190,7 @@ def _float_convnet() -> onnx.ModelProto:
 def test_qoperator_qlinearconv_and_qlinearmatmul_give_onnxruntimes_integers(tmp_path):
     # per tensor: onnxruntime keeps uint8 weights, which it sums exactly (per channel it writes int8
     # weights, and its u8s8 AVX2 kernels saturate: 90 of 255 steps off on a channel, measured)
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.feeds = iter([{"x": np.random.default_rng(200 + i).standard_normal((1, 3, 8, 8)).astype(np.float32)}
-                               for i in range(8)])
-
-        def get_next(self):
-            return next(self.feeds, None)
-
-    src, dst = tmp_path / "f.onnx", tmp_path / "qop.onnx"
-    onnx.save(_float_convnet(), src)
-    logging.getLogger().setLevel(logging.ERROR)
-    # uint8 weights: onnxruntime sums u8u8 exactly (u8s8 on AVX2 may saturate int16 pair sums)
-    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QOperator, per_channel=False,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
-    quant = onnx.load(dst)
+    quant = quantize_static_qdq(tmp_path, _float_convnet(), "qop", per_channel=False, qoperator=True, weights="QUInt8")
     assert {"QLinearConv", "QLinearMatMul"} <= _ops(quant), _ops(quant)
     model, low = _lowered(tmp_path, quant, "qop-low.onnx")
     assert not {op for op in _ops(low.proto) if op.startswith("QLinear") or op.endswith("QuantizeLinear")}

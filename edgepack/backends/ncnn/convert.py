@@ -283,15 +283,15 @@ def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[st
              what=f"pnnx converting {model.path.name}", cwd=root, timeout=900, log=root / "pnnx.log")
     if not param.is_file() or not binf.is_file():
         raise BuildError(f"pnnx wrote no ncnn model for {model.path.name} (log: {root / 'pnnx.log'})")
+    text = written = param.read_text()
     if rounds_quotients(model.proto):
-        # Gemms of constant B marked for integer sums (int8_gemm_patch.py); dynamic int8's convolutions
-        # sum integers exactly, as ConvInteger does: no Winograd there
-        text = param.read_text()
-        param.write_text(mark_integer_gemms(without_winograd(text) if sums_integers(model.proto) else text)[0])
-    flat, changed = flat_gru_initial_states(param.read_text())
-    if changed:
-        param.write_text(flat)
-    return parse_param_layers(param.read_text())
+        # Gemms of constant B marked for integer sums (int8_gemm_patch.py); convolutions that sum
+        # integers exactly, as ConvInteger and QLinearConv do: no Winograd there
+        text = mark_integer_gemms(without_winograd(text) if sums_integers(model.proto) else text)[0]
+    text = flat_gru_initial_states(text)[0]
+    if text != written:
+        param.write_text(text)
+    return parse_param_layers(text)
 
 
 def _loads(param: Path) -> bool:

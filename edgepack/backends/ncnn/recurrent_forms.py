@@ -70,8 +70,8 @@ def gru_sequence_kept(model: onnx.ModelProto) -> int:
 
     pnnx matches a GRU only with its Y going through torch's merge (a bidirectional Y: Transpose
     0,2,1,3 + Reshape [0, 0, -1]; a forward one: Squeeze of axis 1); `_, h = gru(x)` leaves Y unread
-    and the GRU raw. So Y_h's readers read Y_h + 0 * (one element of the merged Y): the same values
-    (a GRU's outputs are finite wherever its state is: tanh-bounded steps), and Y in use."""
+    and the GRU raw. So Y_h's readers read Y_h + 0 * (a slice of the merged Y of Y_h's shape): the same
+    values (a GRU's outputs are finite wherever its state is: tanh-bounded steps), and Y in use."""
     from .rewrite import _apply, _attr, _Graph, _opset
     gr, plan = _Graph(model), {}
     used = {i for n in gr.g.node for i in n.input} | gr.outputs
@@ -111,7 +111,6 @@ def gru_sequence_kept(model: onnx.ModelProto) -> int:
             reader.input[:] = [kept if i == yh else i for i in reader.input]
         plan[pos] = [node, *added]
     return _apply(gr.g, plan)
-
 
 
 def flat_gru_initial_states(param: str) -> tuple[str, int]:

@@ -204,8 +204,8 @@ def unit_axis_first_before_reshape(model: onnx.ModelProto) -> int:
         shape = gr.shapes.get(node.input[0])
         if not shape or len(shape) < 2 or shape[0] == 1 or 1 not in shape[1:]:
             continue
-        if _feeds_lstm(gr, node.output[0]) or _from_lstm(gr, node.input[0]):
-            continue  # pnnx matches LSTM with its own reshapes around it
+        if _feeds_recurrent(gr, node.output[0]) or _from_recurrent(gr, node.input[0]):
+            continue  # pnnx matches LSTM and GRU with their own reshapes around them
         k = shape.index(1, 1)
         perm = [k] + [i for i in range(len(shape)) if i != k]
         moved = gr.fresh(node.input[0] + "_unitfirst")
@@ -363,8 +363,8 @@ def merge_reshape_chains(model: onnx.ModelProto) -> int:
         out_shape = gr.shapes.get(node.output[0])
         if r is None or r.op_type != "Reshape" or out_shape is None or r.output[0] in gr.outputs:
             continue
-        if _from_lstm(gr, r.input[0]):
-            continue  # keep the [0, 0, -1] merge pnnx needs after an LSTM
+        if _from_recurrent(gr, r.input[0]):
+            continue  # keep the [0, 0, -1] merge pnnx needs after an LSTM or GRU
         plan[pos] = [helper.make_node("Reshape", [r.input[0], gr.add_const("shape", np.array(out_shape, np.int64))],
                                       list(node.output), name=gr.fresh(node.name or "reshape"))]
     return _apply(gr.g, plan)
@@ -427,11 +427,11 @@ def lstm_outputs_as_pnnx_expects(model: onnx.ModelProto) -> int:
 _RECURRENT = ("LSTM", "GRU")   # pnnx matches both in torch's export form, the same reshapes around them
 
 
-def _feeds_lstm(gr: "_Graph", name: str) -> bool:
+def _feeds_recurrent(gr: "_Graph", name: str) -> bool:
     return any(n.op_type in _RECURRENT for n in gr.consumers.get(name, []))
 
 
-def _from_lstm(gr: "_Graph", name: str) -> bool:
+def _from_recurrent(gr: "_Graph", name: str) -> bool:
     p = gr.producer.get(name)
     return p is not None and p.op_type == "Transpose" and (gr.producer.get(p.input[0]) or p).op_type in _RECURRENT
 
