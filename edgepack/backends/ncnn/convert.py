@@ -27,8 +27,9 @@ from .int8_gemm_patch import mark_integer_gemms
 from .memory import without_winograd
 from .erf_gelu import erf_gelus_as_gelu
 from .strided_conv import strided_convs_as_rows
+from .dilated_conv import dilated_convs_as_phases
 from .tanh_gelu import tanh_gelus_as_gelu
-from . import erf_gelu, fuse, recurrent_forms, reduce_max, rewrite, seq_first, strided_conv, tanh_gelu
+from . import dilated_conv, erf_gelu, fuse, recurrent_forms, reduce_max, rewrite, seq_first, strided_conv, tanh_gelu
 from .rewrite import VERSION as REWRITE_VERSION
 from .reduce_max import reduce_maxes_for_ncnn
 from .rewrite import rewrite_for_ncnn
@@ -115,7 +116,7 @@ def graph_code_digest() -> str:
     made by the old code (an experiment under an unbumped version number once did). A frozen edgepack
     ships no .py files: there the version numbers alone key it."""
     h = hashlib.sha256()
-    for module in (rewrite, seq_first, fuse, strided_conv, erf_gelu, tanh_gelu, reduce_max, recurrent_forms):
+    for module in (rewrite, seq_first, fuse, strided_conv, dilated_conv, erf_gelu, tanh_gelu, reduce_max, recurrent_forms):
         src = Path(module.__file__)
         h.update(src.read_bytes() if src.suffix == ".py" and src.is_file() else module.__name__.encode())
     return h.hexdigest()[:16]
@@ -236,12 +237,13 @@ def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], 
 
 def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
     """The speed rewrites on ``proto``, in order: fuse.batch_shared_products, fuse.gemv_as_gemm,
-    strided_conv.strided_convs_as_rows, erf_gelu.erf_gelus_as_gelu, tanh_gelu.tanh_gelus_as_gelu:
+    strided_conv.strided_convs_as_rows, dilated_conv.dilated_convs_as_phases, erf_gelu.erf_gelus_as_gelu, tanh_gelu.tanh_gelus_as_gelu:
     (the graph pnnx gets, the rewrites it names)."""
     notes = []
     for fn, what in ((batch_shared_products, "batching shared-weight products"),
                      (gemv_as_gemm, "one-row products as Gemm"),
                      (strided_convs_as_rows, "strided few-channel Conv1D as a 2-D Convolution of one row"),
+                     (dilated_convs_as_phases, "height-dilated 3x3 Convs over their row phases"),
                      (erf_gelus_as_gelu, "erf GELUs in the form pnnx fuses"),
                      (tanh_gelus_as_gelu, "tanh GELUs as ONNX's Gelu")):
         try:
