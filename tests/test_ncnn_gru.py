@@ -103,3 +103,29 @@ def test_a_constant_gru_state_is_written_flat_and_an_input_state_is_left_alone()
     assert changed == 1
     assert "MemoryData h0 0 1 13 0=32 1=2\n" in flat
     assert flat.replace("MemoryData h0 0 1 13 0=32 1=2", "MemoryData h0 0 1 13 0=32 1=1 2=2") == param
+
+
+def test_fp32_grus_match_onnxruntime_on_every_x86_cpu(stacked_gru, tmp_path):
+    # gru_patch.py runs the two directions one a thread: within 1e-4 of onnxruntime's scale on every CPU
+    # model (1% of error would show a hundred times over), and the same bits on 1 and 2 threads
+    from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
+    art = build_fp32_ncnn(stacked_gru, tmp_path / "out")
+    x = np.random.default_rng(7).standard_normal((T, 1, K)).astype(np.float32)
+    assert_matches_onnxruntime_on_every_cpu(stacked_gru, art, x, tmp_path)
+
+
+def test_gru_patch_is_in_the_x86_library_only(monkeypatch):
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.gru_patch import GRU_FILE
+    from edgepack.targets import TargetMatrix
+    from edgepack.toolchains import Toolchain
+    matrix, tc = TargetMatrix.load(), Toolchain.load()
+    lib = library.build_library(matrix.get("x86_64"), tc)
+    text = (lib.root / "src" / GRU_FILE).read_text()
+    assert text.count("ep_gru_both_directions(") == 2  # defined, and called for the forward direction
+    assert "int ret = 0; // computed with the forward direction" in text
+    # the Arm libraries run gru_arm.cpp: their cache key does not change with the patch
+    arm_key, _ = library.library_key(matrix.get("arm64"), tc)
+    monkeypatch.setattr(library, "GRU_PATCH_KEY", library.GRU_PATCH_KEY + "-changed")
+    assert library.library_key(matrix.get("arm64"), tc)[0] == arm_key
+    assert library.library_key(matrix.get("x86_64"), tc)[0] != lib.key
