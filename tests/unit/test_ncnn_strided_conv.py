@@ -1,6 +1,7 @@
 """edgepack/backends/ncnn/strided_conv.py: a strided few-channel Conv1D as a 2-D Convolution of one row,
 checked against onnxruntime in-process (an exact fit, a cut signal, several channels, one shared row)
-and left alone where ncnn already packs the input channels or the kernel is short."""
+and left alone where ncnn already packs the input channels or the kernel is short; a many-channel
+Conv1D (Whisper's encoder front) as a 2-D Convolution of one row, whatever its stride and pads."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgepack.backends.ncnn.strided_conv import strided_convs_as_rows
+from edgepack.backends.ncnn.strided_conv import strided_convs_as_rows, wide_convs_as_rows
 
 
 def stft_like(c: int, length: int, k: int, s: int, convs: int = 1, bias: bool = False, opset: int = 13,
@@ -109,3 +110,42 @@ def test_zero_taps_outside_the_window_are_not_run(first, last, length):
     x = np.random.default_rng(4).standard_normal((1, 1, length)).astype(np.float32)
     want = run(model, x)
     np.testing.assert_allclose(run(rewritten, x), want, rtol=0, atol=2e-6 * float(np.abs(want).max()) * np.sqrt(512))
+
+
+@pytest.mark.parametrize("c, length, k, s, attrs", [
+    (80, 200, 3, 1, {"pads": [1, 1]}),   # Whisper's conv1: 80 mel bins -> 33 here, "same" padding
+    (32, 201, 3, 2, {"pads": [1, 1]}),   # Whisper's conv2: stride 2 over an odd length
+    (16, 50, 1, 1, {}),                  # a pointwise Conv1D
+    (12, 64, 5, 3, {"pads": [0, 2]}),    # asymmetric pads, a stride that does not divide the length
+])
+def test_many_channel_conv1d_as_a_row_computes_the_same_sums(c, length, k, s, attrs):
+    model = stft_like(c, length, k, s, bias=True, **attrs)
+    rewritten, count = wide_convs_as_rows(model)
+    assert count == 1
+    onnx.checker.check_model(rewritten)
+    assert [n.op_type for n in rewritten.graph.node] == ["Reshape", "Conv", "Reshape", "Sum"]
+    pads = attrs.get("pads", [0, 0])
+    assert _conv_attrs(rewritten) == [{"kernel_shape": [1, k], "strides": [1, s], "pads": [0, pads[0], 0, pads[1]],
+                                       "dilations": [1, 1], "group": []}]
+    x = np.random.default_rng(5).standard_normal((1, c, length)).astype(np.float32)
+    want = run(model, x)
+    np.testing.assert_allclose(run(rewritten, x), want, rtol=0, atol=2e-6 * float(np.abs(want).max()) * np.sqrt(c * k))
+
+
+@pytest.mark.parametrize("c, attrs", [
+    (8, {}),                      # few channels: the strided rule's, or ncnn's Convolution1D
+    (16, {"dilations": [2]}),
+    (16, {"group": 2}),
+])
+def test_conv1d_forms_the_row_rule_leaves_alone(c, attrs):
+    model = stft_like(c, 100, 3, 1, **attrs) if "group" not in attrs else _grouped(c)
+    rewritten, count = wide_convs_as_rows(model)
+    assert count == 0 and rewritten == model
+
+
+def _grouped(c: int) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.ones((4, c // 2, 3), np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3], group=2)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 100])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 98])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])

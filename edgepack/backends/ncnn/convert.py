@@ -26,7 +26,7 @@ from .fuse import batch_shared_products, gemv_as_gemm
 from .int8_gemm_patch import mark_integer_gemms
 from .memory import without_winograd
 from .erf_gelu import erf_gelus_as_gelu
-from .strided_conv import strided_convs_as_rows
+from .strided_conv import strided_convs_as_rows, wide_convs_as_rows
 from .dilated_conv import dilated_convs_as_phases
 from .tanh_gelu import tanh_gelus_as_gelu
 from . import dilated_conv, erf_gelu, fuse, recurrent_forms, reduce_max, rewrite, seq_first, strided_conv, tanh_gelu
@@ -237,12 +237,14 @@ def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], 
 
 def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
     """The speed rewrites on ``proto``, in order: fuse.batch_shared_products, fuse.gemv_as_gemm,
-    strided_conv.strided_convs_as_rows, dilated_conv.dilated_convs_as_phases, erf_gelu.erf_gelus_as_gelu, tanh_gelu.tanh_gelus_as_gelu:
+    strided_conv.strided_convs_as_rows, strided_conv.wide_convs_as_rows,
+    dilated_conv.dilated_convs_as_phases, erf_gelu.erf_gelus_as_gelu, tanh_gelu.tanh_gelus_as_gelu:
     (the graph pnnx gets, the rewrites it names)."""
     notes = []
     for fn, what in ((batch_shared_products, "batching shared-weight products"),
                      (gemv_as_gemm, "one-row products as Gemm"),
                      (strided_convs_as_rows, "strided few-channel Conv1D as a 2-D Convolution of one row"),
+                     (wide_convs_as_rows, "many-channel Conv1D as a 2-D Convolution of one row"),
                      (dilated_convs_as_phases, "height-dilated 3x3 Convs over their row phases"),
                      (erf_gelus_as_gelu, "erf GELUs in the form pnnx fuses"),
                      (tanh_gelus_as_gelu, "tanh GELUs as ONNX's Gelu")):
