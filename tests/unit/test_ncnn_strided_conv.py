@@ -115,7 +115,7 @@ def test_zero_taps_outside_the_window_are_not_run(first, last, length):
 @pytest.mark.parametrize("c, length, k, s, attrs", [
     (80, 200, 3, 1, {"pads": [1, 1]}),   # Whisper's conv1: 80 mel bins -> 33 here, "same" padding
     (32, 201, 3, 2, {"pads": [1, 1]}),   # Whisper's conv2: stride 2 over an odd length
-    (16, 50, 1, 1, {}),                  # a pointwise Conv1D
+    (16, 50, 2, 1, {}),                  # two taps, no padding
     (12, 64, 5, 3, {"pads": [0, 2]}),    # asymmetric pads, a stride that does not divide the length
 ])
 def test_many_channel_conv1d_as_a_row_computes_the_same_sums(c, length, k, s, attrs):
@@ -134,11 +134,13 @@ def test_many_channel_conv1d_as_a_row_computes_the_same_sums(c, length, k, s, at
 
 @pytest.mark.parametrize("c, attrs", [
     (8, {}),                      # few channels: the strided rule's, or ncnn's Convolution1D
+    (16, {"k": 1}),               # pointwise: no faster as a row (PLCMOS' 512 -> 128), less exact on Arm fp16
     (16, {"dilations": [2]}),
     (16, {"group": 2}),
 ])
 def test_conv1d_forms_the_row_rule_leaves_alone(c, attrs):
-    model = stft_like(c, 100, 3, 1, **attrs) if "group" not in attrs else _grouped(c)
+    k = attrs.pop("k", 3)
+    model = stft_like(c, 100, k, 1, **attrs) if "group" not in attrs else _grouped(c)
     rewritten, count = wide_convs_as_rows(model)
     assert count == 0 and rewritten == model
 

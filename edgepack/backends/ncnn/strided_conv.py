@@ -107,7 +107,7 @@ def _row(gr, x: str, c: int, length: int, first: int, end: int) -> tuple[list, s
 
 def _wide_form(gr, node) -> tuple[int, int, int, int, int, list[int]] | None:
     """(C, L, O, K, stride, [left pad, right pad]) of a group-1 undilated Conv1D of constant weights with
-    more than MAX_IN_CHANNELS input channels, else None."""
+    more than MAX_IN_CHANNELS input channels and a kernel of at least 2 taps, else None."""
     from .rewrite import _attr
     shape, weight = gr.shapes.get(node.input[0]), gr.consts.get(node.input[1])
     out = gr.shapes.get(node.output[0])
@@ -118,8 +118,8 @@ def _wide_form(gr, node) -> tuple[int, int, int, int, int, list[int]] | None:
     strides, dilations, pads = _attr(node, "strides", [1]), _attr(node, "dilations", [1]), _attr(node, "pads", [0, 0])
     if list(dilations) != [1] or len(strides) != 1 or len(pads) != 2 or weight.dtype != np.float32:
         return None
-    if shape[1] <= MAX_IN_CHANNELS or weight.shape[1] != shape[1]:
-        return None
+    if shape[1] <= MAX_IN_CHANNELS or weight.shape[1] != shape[1] or weight.shape[2] < 2:
+        return None  # (a pointwise Conv1D: no faster as a row on x86, and less exact on Arm's fp16 GEMM)
     return shape[1], shape[2], weight.shape[0], weight.shape[2], int(strides[0]), [int(p) for p in pads]
 
 
