@@ -1,9 +1,11 @@
 """Dynamically quantised MatMuls (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger) are summed as
 integers on AVX2 CPUs (edgepack/backends/ncnn/int8_gemm_patch.py) and give onnxruntime's answer.
 
-The model has two heads on one M x 300 input, M = 20 (packed 4 rows a pack: A converted row by row) or
-48 (packed 8 rows a pack: A converted eight rows at once, vectorised): a
-quantised MatMul to 1000 columns with uint8 weights and a bias (N not a multiple of 8: a part block),
+The model has two heads on one M x 300 input, M = 20 (packed 4 rows a pack: A converted row by row, the
+sums stored one float at a time), 21 (not packed: whole 8-column blocks stored as vectors row by row) or
+48 (packed 8 rows a pack: A converted eight rows at once, vectorised, and whole 8 x 8 blocks summed and
+stored column by column): a
+quantised MatMul to 1001 columns with uint8 weights and a bias (N not a multiple of 8: a part block),
 and a float MatMul whose weights are small integers but whose input is not, which the conversion marks
 too (it marks every Gemm of constant B in a lowered graph) and which must fall back to fp32 sums.
 On AVX2 CPUs (natively, capped with EDGEPACK_NCNN_OPTIONS=isa=avx2, and qemu's Haswell) the library says
@@ -26,7 +28,7 @@ from clirun import run_artifact_on
 from test_ncnn_thread_split import build_fp32_ncnn
 from edgepack.backends.ncnn.int8_gemm_patch import MARK_KEY, mark_integer_gemms
 
-K, N, N2 = 300, 1000, 40
+K, N, N2 = 300, 1001, 40
 
 
 def _host_flags() -> set[str]:
@@ -41,7 +43,7 @@ def _expected_mode(cpu: str) -> str | None:
     return None   # "native isa=sse", Nehalem
 
 
-@pytest.fixture(scope="module", params=[20, 48])
+@pytest.fixture(scope="module", params=[20, 21, 48])
 def int8_model(request, tmp_path_factory) -> tuple[Path, int]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     M = request.param

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 2  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks
+INT8_GEMM_PATCH_VERSION = 3  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+# 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows)
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -83,6 +84,36 @@ __attribute__((target("avx2"))) static void ep_i16_rows(const short* a, const sh
     }
     for (int r = 0; r < R; r++)
         _mm256_storeu_si256((__m256i*)(out + r * 8), acc[r]);
+}
+
+// The 8 rows of one A block times one 8-column block of B, column by column: out + j * 8 holds column
+// j's 8 row sums, the layout of an output packed 8 rows to an element (elempack 8), so the sums go out
+// as vectors instead of one strided float at a time
+__attribute__((target("avx2"))) static void ep_i16_cols(const short* a, const short* b, int K2, int* out)
+{
+    __m256i acc[8];
+    for (int j = 0; j < 8; j++)
+        acc[j] = _mm256_setzero_si256();
+    for (int q = 0; q < K2; q++)
+    {
+        const __m256i av = _mm256_loadu_si256((const __m256i*)(a + (size_t)q * 16));
+        for (int j = 0; j < 8; j++)
+        {
+            int b2;
+            __builtin_memcpy(&b2, b + (size_t)q * 16 + j * 2, 4);
+            acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(av, _mm256_set1_epi32(b2)));
+        }
+    }
+    for (int j = 0; j < 8; j++)
+        _mm256_storeu_si256((__m256i*)(out + j * 8), acc[j]);
+}
+
+// Eight int32 sums as floats plus C (one per lane, or one for all: c_lanes null), to out: exact as in
+// the scalar loop (each sum rounded once, then the one addition)
+__attribute__((target("avx2"))) static void ep_store8(const int* sums, const float* c_lanes, float c_all, float* out)
+{
+    const __m256 c = c_lanes ? _mm256_loadu_ps(c_lanes) : _mm256_set1_ps(c_all);
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)sums)), c));
 }
 
 // One block of 8 rows of a packed A (elempack 8 or 16: row r's value k at base + k * stride + r) as int16
@@ -196,6 +227,16 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
         for (int m0 = 0; m0 < M; m0 += 8)
         {
             const int rows = std::min(8, M - m0);
+            if (ok && oep == 8 && rows == 8 && cols == 8)
+            {
+                // a whole 8 x 8 block of an output packed 8 rows to an element: column by column
+                ep_i16_cols((const short*)a16.row<const unsigned char>(m0 / 8), b, K2, acc);
+                float* out = (float*)((unsigned char*)top_blob.data + (size_t)(m0 / 8) * top_hstep * top_blob.elemsize) + (size_t)nb * 64;
+                for (int j = 0; j < 8; j++)
+                    ep_store8(acc + j * 8, c_type == 1 || c_type == 2 ? c_data + m0 : 0,
+                              c_type == 0 ? c_data[0] : c_type == 4 ? c_data[nb * 8 + j] : 0.f, out + j * 8);
+                continue;
+            }
             if (ok)
             {
                 const short* a = (const short*)a16.row<const unsigned char>(m0 / 8);
@@ -213,6 +254,11 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
                 const float c_row = c_type == 0 ? c_data[0] : c_type == 1 || c_type == 2 ? c_data[m] : 0.f;
                 const float* c_col = c_type == 4 ? c_data + nb * 8 : 0;
                 float* out = (float*)((unsigned char*)top_blob.data + (size_t)(m / oep) * top_hstep * top_blob.elemsize) + m % oep;
+                if (ok && oep == 1 && cols == 8)
+                {
+                    ep_store8(acc + r * 8, c_col, c_row, out + (size_t)nb * 8);
+                    continue;
+                }
                 float s[8] = {0.f};
                 if (ok)
                 {
