@@ -69,3 +69,15 @@ def test_lean_hands_2x2_stride_1_layers_to_the_direct_kernel_too():
     assert direct_kernel_takes({"0": "16", "1": "2", "6": "512"})               # PP-HGNet's stem
     assert not direct_kernel_takes({"0": "16", "1": "2", "3": "2", "6": "512"})  # stride 2
     assert not direct_kernel_takes({"0": "16", "1": "2", "11": "3", "6": "768"})  # 2x3
+
+
+def test_integer_convolutions_are_marked_for_f23_on_x86_and_kept_off_winograd_elsewhere():
+    from edgepack.backends.ncnn.memory import INTEGER_SUMS, integer_convolutions
+    lines = {ln.split()[1]: ln for ln in integer_convolutions(PARAM).splitlines() if ln.startswith("Convolution")}
+    assert all(int(fields(ln)["31"]) & (NO_WINOGRAD | INTEGER_SUMS) == NO_WINOGRAD | INTEGER_SUMS for ln in lines.values())
+    assert fields(lines["masked"])["31"] == str(NO_WINOGRAD | INTEGER_SUMS | 2)
+    # --memory lean on such a graph: the layers it masks for memory lose the F(2,3) mark, the rest keep it
+    text, masked, _ = lean_param(integer_convolutions(PARAM))
+    lean = {ln.split()[1]: ln for ln in text.splitlines() if ln.startswith("Convolution")}
+    assert masked == ["big", "masked"]
+    assert int(fields(lean["big"])["31"]) == NO_WINOGRAD and int(fields(lean["small"])["31"]) & INTEGER_SUMS

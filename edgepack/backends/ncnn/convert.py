@@ -24,7 +24,7 @@ from ...reference import Tolerance, compare, random_inputs, run_onnxruntime
 from .fuse import VERSION as FUSE_VERSION
 from .fuse import batch_shared_products, gemv_as_gemm
 from .int8_gemm_patch import mark_integer_gemms
-from .memory import without_winograd
+from .memory import integer_convolutions
 from .erf_gelu import erf_gelus_as_gelu
 from .strided_conv import strided_convs_as_rows, wide_convs_as_rows
 from .dilated_conv import dilated_convs_as_phases
@@ -131,6 +131,8 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
              "rewrites": REWRITE_VERSION, "fuse": FUSE_VERSION}
     if rounds_quotients(model.proto) and not sums_integers(model.proto):
         parts["static_int8"] = 2   # 2: Winograd kept for static (QDQ) graphs
+    if sums_integers(model.proto):
+        parts["integer_sums"] = 1  # 1: convolutions marked memory.INTEGER_SUMS (F(2,3) on x86)
     key = key_of(parts)
     # The folder also follows the rewrite code; the key the manifest records does not, so a frozen
     # edgepack (no .py files to digest) builds the same bytes as a pip-installed one.
@@ -291,7 +293,7 @@ def _run_pnnx(model: LoadedModel, proto, root: Path, fp16: str) -> list[tuple[st
     if rounds_quotients(model.proto):
         # Gemms of constant B marked for integer sums (int8_gemm_patch.py); convolutions that sum
         # integers exactly, as ConvInteger and QLinearConv do: no Winograd there
-        text = mark_integer_gemms(without_winograd(text) if sums_integers(model.proto) else text)[0]
+        text = mark_integer_gemms(integer_convolutions(text) if sums_integers(model.proto) else text)[0]
     text = flat_gru_initial_states(text)[0]
     if text != written:
         param.write_text(text)

@@ -33,6 +33,7 @@ from .gelu_erf_patch import GELU_ERF_PATCH_KEY, patch_gelu_erf
 from .gemm_pair_patch import GEMM_PAIR_PATCH_KEY, patch_gemm_pair
 from .gru_patch import GRU_PATCH_KEY, patch_gru
 from .int8_gemm_patch import INT8_GEMM_PATCH_KEY, patch_int8_gemm
+from .integer_winograd_patch import INTEGER_WINOGRAD_PATCH_KEY, patch_integer_winograd
 from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
 from .load_reuse_patch import LOAD_REUSE_PATCH_KEY, patch_load_reuse
 from .lstm_patch import LSTM_PATCH_KEY, patch_lstm
@@ -62,6 +63,7 @@ def _arch_patches(target: Target) -> tuple:
         ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
         ("gemm_pair_patch", GEMM_PAIR_PATCH_KEY, patch_gemm_pair),
         ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap),
+        ("integer_winograd_patch", INTEGER_WINOGRAD_PATCH_KEY, patch_integer_winograd),
         ("shared_weights_patch", SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights),
         ("fp16_weights_patch", FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights),
         ("int8_gemm_patch", INT8_GEMM_PATCH_KEY, patch_int8_gemm),

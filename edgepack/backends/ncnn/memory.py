@@ -21,6 +21,7 @@ from pathlib import Path
 
 MODES = ("fast", "lean")
 NO_WINOGRAD = 1 << 6          # ncnn get_masked_option: featmask bit 6 masks use_winograd_convolution
+INTEGER_SUMS = 1 << 8         # edgepack's own: sums integers, may take Winograd F(2,3) (integer_winograd_patch.py, x86)
 KERNEL_LIMIT = 1 << 20        # bytes of transformed kernel above which a layer runs without Winograd
 
 
@@ -61,9 +62,12 @@ def direct_kernel_takes(fields: dict[str, str]) -> bool:
     return (kw, kh) == (3, 3) and sw in (1, 2) or kw == kh and kw <= 2 and sw == 1
 
 
-def lean_param(text: str, limit: int = KERNEL_LIMIT, direct: bool = False) -> tuple[str, list[str], int]:
+def lean_param(text: str, limit: int = KERNEL_LIMIT, direct: bool = False,
+               integer: bool = False) -> tuple[str, list[str], int]:
     """(param text with Winograd masked on layers whose kernel exceeds `limit`, and with `direct` (x86)
-    on every layer the direct kernel takes; their names; bytes of Winograd kernel saved)."""
+    on every layer the direct kernel takes; their names; bytes of Winograd kernel saved). `integer`:
+    the masked layers are also marked INTEGER_SUMS; otherwise a masked layer loses that mark (lean
+    mode's mask is for memory, and F(2,3) keeps a transformed kernel too)."""
     out, masked, saved = [], [], 0
     for line in text.splitlines():
         t = line.split()
@@ -73,6 +77,7 @@ def lean_param(text: str, limit: int = KERNEL_LIMIT, direct: bool = False) -> tu
             size, plain = winograd_bytes(fields)
             if size > limit or direct and direct_kernel_takes(fields):
                 mask = int(fields.get("31", 0)) | NO_WINOGRAD
+                mask = mask | INTEGER_SUMS if integer else mask & ~INTEGER_SUMS
                 rest = [kv for kv in t[head:] if not kv.startswith("31=")]
                 line = " ".join(t[:head] + rest + [f"31={mask}"])
                 masked.append(t[1])
@@ -81,12 +86,14 @@ def lean_param(text: str, limit: int = KERNEL_LIMIT, direct: bool = False) -> tu
     return "\n".join(out) + "\n", masked, saved
 
 
-def without_winograd(text: str) -> str:
-    """The param text with Winograd masked on every Convolution. For graphs that round quotients
-    (lowered dynamic int8): their convolutions sum integers, which im2col + sgemm and the direct
-    kernel add exactly, as onnxruntime's ConvInteger does; Winograd's transforms are fractions, and
-    their rounding flipped enough later roundings to move ddddocr_old_int8 by 1.3% (0.27% without)."""
-    return lean_param(text, limit=-1)[0]
+def integer_convolutions(text: str) -> str:
+    """The param text with every Convolution marked as summing integers: Winograd masked (bit 6) and
+    INTEGER_SUMS. For graphs whose convolutions sum integers (lowered dynamic int8, QLinearConv), which
+    im2col + sgemm and the direct kernel add exactly, as onnxruntime's ConvInteger does; Winograd
+    F(6,3)/F(4,3)'s transforms are fractions, and their rounding flipped enough later roundings to move
+    ddddocr_old_int8 by 1.3% (0.27% without). F(2,3)'s keep integer sums exact: on x86 the patched
+    convolution takes it for INTEGER_SUMS layers (integer_winograd_patch.py); Arm keeps bit 6."""
+    return lean_param(text, limit=-1, integer=True)[0]
 
 
 def apply_memory_mode(engine, mode: str, workdir: Path, arch: str):
