@@ -14,3 +14,15 @@ def test_an_edited_rewrite_module_changes_the_conversion_key(tmp_path, monkeypat
     assert convert.graph_code_digest() == before  # deterministic
     copy.write_text(copy.read_text() + "\n# an edit that keeps VERSION\n")
     assert convert.graph_code_digest() != before
+
+
+def test_an_edited_list_of_speed_rewrites_changes_the_conversion_key(tmp_path, monkeypatch):
+    # convert.py lists the speed rewrites (_batched) and memory.py marks the .param: both key it too
+    from edgepack.backends.ncnn import memory
+    for module in (convert, memory):
+        copy = tmp_path / f"{module.__name__.rsplit('.', 1)[1]}.py"
+        copy.write_bytes(open(module.__file__, "rb").read())
+        monkeypatch.setattr(module, "__file__", str(copy))
+        before = convert.graph_code_digest()
+        copy.write_text(copy.read_text() + "\n# an edit that keeps every VERSION\n")
+        assert convert.graph_code_digest() != before, module.__name__

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from .erf_gelu import erf_gelus_as_gelu
 from .strided_conv import strided_convs_as_rows, wide_convs_as_rows
 from .dilated_conv import dilated_convs_as_phases
 from .tanh_gelu import tanh_gelus_as_gelu
-from . import dilated_conv, erf_gelu, fuse, recurrent_forms, reduce_max, rewrite, seq_first, strided_conv, tanh_gelu
+from . import dilated_conv, erf_gelu, fuse, memory, recurrent_forms, reduce_max, rewrite, seq_first, strided_conv, tanh_gelu
 from .rewrite import VERSION as REWRITE_VERSION
 from .reduce_max import reduce_maxes_for_ncnn
 from .rewrite import rewrite_for_ncnn
@@ -111,12 +112,14 @@ def _io_from_pyscript(py: str, n_in: int, n_out: int, in_shapes: tuple = ()):
 
 
 def graph_code_digest() -> str:
-    """A digest of the source of the modules that rewrite the graph before pnnx: part of the conversion
-    cache folder's name next to their version numbers, so an edited rewrite never reuses a conversion
-    made by the old code (an experiment under an unbumped version number once did). A frozen edgepack
-    ships no .py files: there the version numbers alone key it."""
+    """A digest of the source of the modules that rewrite the graph before pnnx, of this one (which
+    lists the speed rewrites and runs them) and of memory.py (which marks the .param pnnx writes): part
+    of the conversion cache folder's name next to their version numbers, so edited code never reuses a
+    conversion made by the old code (an experiment under an unbumped version number once did). A frozen
+    edgepack ships no .py files: there the version numbers alone key it."""
     h = hashlib.sha256()
-    for module in (rewrite, seq_first, fuse, strided_conv, dilated_conv, erf_gelu, tanh_gelu, reduce_max, recurrent_forms):
+    for module in (rewrite, seq_first, fuse, strided_conv, dilated_conv, erf_gelu, tanh_gelu, reduce_max,
+                   recurrent_forms, memory, sys.modules[__name__]):
         src = Path(module.__file__)
         h.update(src.read_bytes() if src.suffix == ".py" and src.is_file() else module.__name__.encode())
     return h.hexdigest()[:16]
