@@ -28,12 +28,11 @@ ACTIVATIONS = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish
 def _phase_form(gr, node) -> tuple[tuple[int, ...], int, list[int]] | None:
     """(input shape [1, C, H, W], dilation d along H, pads [top, left, bottom, right]) of a Conv this
     rewrite applies to, else None."""
-    from .rewrite import _attr
-    shape, weight = gr.shapes.get(node.input[0]), gr.consts.get(node.input[1])
-    if shape is None or weight is None or len(shape) != 4 or shape[0] != 1 or weight.ndim != 4:
+    from .rewrite import _attr, _plain_conv
+    plain = _plain_conv(gr, node, 4)
+    if plain is None:
         return None
-    if _attr(node, "group", 1) != 1 or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        return None
+    shape, weight = plain
     dilations, strides = list(_attr(node, "dilations", [1, 1])), list(_attr(node, "strides", [1, 1]))
     pads = list(_attr(node, "pads", [0, 0, 0, 0]))
     if tuple(weight.shape[2:]) != KERNEL or strides != [1, 1] or len(dilations) != 2 or len(pads) != 4:

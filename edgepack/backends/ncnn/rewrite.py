@@ -90,6 +90,18 @@ def _attr(node, name: str, default=None):
     return default
 
 
+def _plain_conv(gr: _Graph, node, rank: int) -> tuple[tuple[int, ...], np.ndarray] | None:
+    """(input shape, weight) of a group-1 Conv with explicit padding and a constant weight of ``rank``
+    dims over a batch-1 input of the same rank (the shape every conv rewrite here starts from), else
+    None."""
+    shape, weight = gr.shapes.get(node.input[0]), gr.consts.get(node.input[1])
+    if shape is None or weight is None or len(shape) != rank or shape[0] != 1 or weight.ndim != rank:
+        return None
+    if _attr(node, "group", 1) != 1 or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    return shape, weight
+
+
 def _slice_args(gr: _Graph, node) -> tuple[list, list, list, list] | None:
     """(starts, ends, axes, steps) of an opset-10+ Slice with constant arguments."""
     if len(node.input) < 3:

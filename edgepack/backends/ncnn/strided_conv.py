@@ -39,12 +39,11 @@ MIN_OPSET = 10  # Slice takes its bounds as inputs from opset 10 on
 def _row_form(gr, node) -> tuple[int, int, int, int, int, int] | None:
     """(C, L, O, K, stride, first tap) of a Conv this rewrite applies to, else None. K counts the taps
     from the first to the last that is not zero for every output."""
-    from .rewrite import _attr
-    shape, weight = gr.shapes.get(node.input[0]), gr.consts.get(node.input[1])
-    if shape is None or weight is None or len(shape) != 3 or shape[0] != 1 or weight.ndim != 3:
+    from .rewrite import _attr, _plain_conv
+    plain = _plain_conv(gr, node, 3)
+    if plain is None:
         return None
-    if _attr(node, "group", 1) != 1 or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        return None
+    shape, weight = plain
     strides, dilations, pads = _attr(node, "strides", [1]), _attr(node, "dilations", [1]), _attr(node, "pads", [0, 0])
     if list(dilations) != [1] or any(pads) or len(strides) != 1 or weight.dtype != np.float32:
         return None
@@ -78,15 +77,21 @@ def strided_conv_to_row(model) -> int:
         new_nodes = []
         if key not in rows:
             new_nodes, rows[key] = _row(gr, node.input[0], c, length, first, end)
-        w = np.ascontiguousarray(gr.consts[node.input[1]][:, :, None, first:first + k])
-        wide = gr.fresh(node.output[0] + "_2d")
-        plan[pos] = [*new_nodes,
-                     helper.make_node("Conv", [rows[key], gr.add_const("row_w", w), *node.input[2:]], [wide],
-                                      kernel_shape=[1, k], strides=[1, s], pads=[0, 0, 0, 0], dilations=[1, 1],
-                                      group=1, name=node.name or gr.fresh("row_conv")),
-                     helper.make_node("Reshape", [wide, gr.add_const("shape", np.array([1, o, frames], np.int64))],
-                                      list(node.output), name=gr.fresh("row_out"))]
+        plan[pos] = [*new_nodes, *_row_conv(gr, node, rows[key], first, k, s, (0, 0), o, frames)]
     return _apply(gr.g, plan)
+
+
+def _row_conv(gr, node, row: str, first: int, k: int, s: int, pads: tuple[int, int], o: int,
+              frames: int) -> list:
+    """Conv1D ``node`` as a 2-D Conv over ``row`` ([1, C, 1, L']: its taps first..first+k-1, stride
+    (1, s), left/right ``pads``) -> Reshape [1, O, frames], which writes the Conv1D's output."""
+    w = np.ascontiguousarray(gr.consts[node.input[1]][:, :, None, first:first + k])
+    wide = gr.fresh(node.output[0] + "_2d")
+    return [helper.make_node("Conv", [row, gr.add_const("row_w", w), *node.input[2:]], [wide],
+                             kernel_shape=[1, k], strides=[1, s], pads=[0, pads[0], 0, pads[1]], dilations=[1, 1],
+                             group=1, name=node.name or gr.fresh("row_conv")),
+            helper.make_node("Reshape", [wide, gr.add_const("shape", np.array([1, o, frames], np.int64))],
+                             list(node.output), name=gr.fresh("row_out"))]
 
 
 def _row(gr, x: str, c: int, length: int, first: int, end: int) -> tuple[list, str]:
@@ -105,22 +110,20 @@ def _row(gr, x: str, c: int, length: int, first: int, end: int) -> tuple[list, s
     return nodes, out
 
 
-def _wide_form(gr, node) -> tuple[int, int, int, int, int, list[int]] | None:
+def _wide_form(gr, node) -> tuple[int, int, int, int, int, tuple[int, int]] | None:
     """(C, L, O, K, stride, [left pad, right pad]) of a group-1 undilated Conv1D of constant weights with
     more than MAX_IN_CHANNELS input channels and a kernel of at least 2 taps, else None."""
-    from .rewrite import _attr
-    shape, weight = gr.shapes.get(node.input[0]), gr.consts.get(node.input[1])
-    out = gr.shapes.get(node.output[0])
-    if shape is None or weight is None or out is None or len(shape) != 3 or shape[0] != 1 or weight.ndim != 3:
+    from .rewrite import _attr, _plain_conv
+    plain = _plain_conv(gr, node, 3)
+    if plain is None or gr.shapes.get(node.output[0]) is None:
         return None
-    if _attr(node, "group", 1) != 1 or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        return None
+    shape, weight = plain
     strides, dilations, pads = _attr(node, "strides", [1]), _attr(node, "dilations", [1]), _attr(node, "pads", [0, 0])
     if list(dilations) != [1] or len(strides) != 1 or len(pads) != 2 or weight.dtype != np.float32:
         return None
     if shape[1] <= MAX_IN_CHANNELS or weight.shape[1] != shape[1] or weight.shape[2] < 2:
         return None  # (a pointwise Conv1D: no faster as a row on x86, and less exact on Arm's fp16 GEMM)
-    return shape[1], shape[2], weight.shape[0], weight.shape[2], int(strides[0]), [int(p) for p in pads]
+    return shape[1], shape[2], weight.shape[0], weight.shape[2], int(strides[0]), (int(pads[0]), int(pads[1]))
 
 
 def conv1d_to_row(model) -> int:
@@ -135,18 +138,9 @@ def conv1d_to_row(model) -> int:
         form = _wide_form(gr, node)
         if form is None:
             continue
-        c, length, o, k, s, (left, right) = form
-        frames = gr.shapes[node.output[0]][2]
-        row, wide = gr.fresh(node.input[0] + "_row"), gr.fresh(node.output[0] + "_2d")
-        w = np.ascontiguousarray(gr.consts[node.input[1]][:, :, None, :])
-        plan[pos] = [
-            helper.make_node("Reshape", [node.input[0], gr.add_const("shape", np.array([1, c, 1, length], np.int64))],
-                             [row], name=gr.fresh("row")),
-            helper.make_node("Conv", [row, gr.add_const("row_w", w), *node.input[2:]], [wide], kernel_shape=[1, k],
-                             strides=[1, s], pads=[0, left, 0, right], dilations=[1, 1], group=1,
-                             name=node.name or gr.fresh("row_conv")),
-            helper.make_node("Reshape", [wide, gr.add_const("shape", np.array([1, o, frames], np.int64))],
-                             list(node.output), name=gr.fresh("row_out"))]
+        c, length, o, k, s, pads = form
+        row_nodes, row = _row(gr, node.input[0], c, length, 0, length)
+        plan[pos] = [*row_nodes, *_row_conv(gr, node, row, 0, k, s, pads, o, gr.shapes[node.output[0]][2])]
     return _apply(gr.g, plan)
 
 
