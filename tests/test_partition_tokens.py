@@ -1,17 +1,18 @@
 """A text encoder on int64 token ids (AttaCut-like: embedding Gather -> conv branches stacked and
-max-reduced -> linear head) keeps its heavy ops on NCNN: the stacked ReduceMax becomes element-wise
-Max (an exact rewrite), and only the Gather that reads the int64 ids crosses to TVM. Checked with
-onnxruntime (rewrite, plan) and as a real x86_64 artifact run on fresh token ids."""
+max-reduced -> linear head) runs on NCNN: the stacked ReduceMax becomes element-wise Max (an exact
+rewrite), and the ids enter ncnn's Embed as int32 words (token_ids.py, ep_engine_ncnn.c). Where the
+NCNN op table lacks an op, the plan moves only the Gather that reads the ids to TVM. Checked with
+onnxruntime (rewrite, plan) and as real artifacts (x86_64 native, arm64 under qemu) run on fresh,
+negative (counted from the table's end, as ONNX's Gather does) and out-of-range ids."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgepack.backends.ncnn import rewrite as rw
@@ -115,22 +116,32 @@ from conftest import run_edgepack  # noqa: E402
 from edgepack.runner import run_artifact  # noqa: E402
 
 
-def _build_split(model: Path, dist: Path) -> tuple[Path, dict]:
-    """Build ``model`` for x86_64 (the split, not a timed choice); the artifact and its manifest."""
-    proc = run_edgepack("build", str(model), "--target", "x86_64", "--out", str(dist), "--json",
-                        "--select", "first")
+def _build_first(model: Path, dist: Path, target: str = "x86_64") -> tuple[Path, dict]:
+    """Build ``model`` (the first backend that verifies); the artifact and its manifest."""
+    proc = run_edgepack("build", str(model), "--target", target, "--out", str(dist), "--json", "--select", "first")
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout)["results"][0]
-    assert res["ok"] and res["backend"] == "ncnn+tvm", res
-    art = dist / f"{model.stem}-x86_64"
+    assert res["ok"], res
+    art = dist / f"{model.stem}-{target}"
     return art, json.loads(art.with_name(art.name + ".json").read_text())
 
 
-def _check_run(art: Path, manifest: dict, model: Path, ids: np.ndarray, tmp_path: Path) -> None:
-    """The artifact's `run` on fresh ids agrees with onnxruntime within the manifest's tolerance."""
+def _build_split(model: Path, dist: Path) -> tuple[Path, dict]:
+    art, manifest = _build_first(model, dist)
+    assert manifest["backend"]["name"] == "ncnn+tvm", manifest["backend"]
+    return art, manifest
+
+
+def _run(art: Path, ids: np.ndarray, tmp_path: Path, qemu_cpu: str | None = None):
     np.save(tmp_path / "ids.npy", ids)
-    run = run_artifact(art, ["run", "--threads", "1", "--input", f"ids={tmp_path / 'ids.npy'}",
-                             "--output", str(tmp_path / "out")])
+    return run_artifact(art, ["run", "--threads", "1", "--input", f"ids={tmp_path / 'ids.npy'}",
+                              "--output", str(tmp_path / "out")], qemu_cpu=qemu_cpu)
+
+
+def _check_run(art: Path, manifest: dict, model: Path, ids: np.ndarray, tmp_path: Path,
+               qemu_cpu: str | None = None) -> None:
+    """The artifact's `run` on ``ids`` agrees with onnxruntime within the manifest's tolerance."""
+    run = _run(art, ids, tmp_path, qemu_cpu)
     assert run.returncode == 0, run.stderr
     got = np.load(json.loads(run.stdout)["outputs"]["y"]["file"])
     want = _ort(onnx.load(str(model)), {"ids": ids})["y"]
@@ -138,18 +149,36 @@ def _check_run(art: Path, manifest: dict, model: Path, ids: np.ndarray, tmp_path
     assert float(np.max(np.abs(got - want))) <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(want)))
 
 
-def test_token_encoder_artifact_keeps_convolutions_on_ncnn(tmp_path):
+@pytest.mark.parametrize("target", ["x86_64", "arm64"])
+def test_token_encoder_runs_whole_on_ncnn_from_its_int64_ids(target, tmp_path):
     model = token_encoder(tmp_path / "tokens.onnx")
-    art, manifest = _build_split(model, tmp_path / "dist")
-    segs = manifest["backend"]["segments"]
-    assert [s["backend"] for s in segs] == ["tvm", "ncnn"] and segs[0]["ops"] == ["Gather"], segs
-    assert "Conv" in segs[1]["ops"]
-    _check_run(art, manifest, model, _ids(77), tmp_path)  # fresh ids, not the build's verification inputs
-    # the per-segment profile of a partitioned artifact (EDGEPACK_SEGMENT_TIMES, ep_engine_seq.c)
-    bench = subprocess.run([str(art), "bench", "--runs", "5", "--warmup", "1", "--threads", "1"], capture_output=True,
-                           text=True, timeout=120, env={**os.environ, "EDGEPACK_SEGMENT_TIMES": "1"})
-    assert bench.returncode == 0, bench.stderr
-    assert "segment 0 (tvm): 6 runs" in bench.stderr and "segment 1 (ncnn): 6 runs" in bench.stderr, bench.stderr
+    art, manifest = _build_first(model, tmp_path / "dist", target)
+    assert manifest["backend"]["name"] == "ncnn" and "Embed" in manifest["backend"]["layers"], manifest["backend"]
+    cpu = "max" if target == "arm64" else None
+    _check_run(art, manifest, model, _ids(77), tmp_path, cpu)  # fresh ids, not the build's verification inputs
+    edges = np.array([[0, VOCAB - 1, -1, -VOCAB] + list(range(-6, 6))], np.int64)
+    _check_run(art, manifest, model, edges, tmp_path, cpu)  # negative ids count from the end, as in ONNX
+    for bad in (VOCAB, -VOCAB - 1):
+        ids = _ids(3)
+        ids[0, 5] = bad
+        run = _run(art, ids, tmp_path, cpu)
+        assert run.returncode == 3 and run.stdout == "", (run.returncode, run.stderr)
+        assert f"input ids: id {bad} (element 5) is outside the embedding table's {VOCAB} rows" in run.stderr, \
+            run.stderr
+
+
+def test_an_integer_input_used_otherwise_keeps_the_model_off_whole_ncnn(tmp_path):
+    """ids that also make a padding mask (Greater -> Cast): not an embedding lookup alone, so the
+    NCNN conversion refuses it by name (the split takes the model)."""
+    from edgepack.backends.ncnn.token_ids import id_inputs
+    from edgepack.errors import UnsupportedOpError
+    m = onnx.load(str(token_encoder(tmp_path / "t.onnx")))
+    m.graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), "zero"))
+    m.graph.node.extend([helper.make_node("Greater", ["ids", "zero"], ["pad"], name="mask")])
+    model = load_model(tmp_path / "t.onnx")
+    assert id_inputs(model.proto, model.inputs, "t.onnx") == {"ids": VOCAB}
+    with pytest.raises(UnsupportedOpError, match="input ids is int64; .* it feeds Greater \\(node mask\\)"):
+        id_inputs(m, model.inputs, "t.onnx")
 
 
 # ---- a batch-N text CNN (DeepCut-like): lifted to batch 1 after its embedding lookups -------------

@@ -400,6 +400,30 @@ static int batch_axis_of(const ep_model_spec *spec, const char *prefix, int i) {
     return axis < spec->inputs[i].ndim ? axis : -1;
 }
 
+/* Rows of the embedding table that integer input i indexes (convert.py: ncnn.in_ids.i), 0 for a float
+ * input. ncnn's Embed reads its input's 32-bit words as int ids, so such an input enters ncnn as int32. */
+static long long id_rows_of(const ep_model_spec *spec, int i) {
+    const char *v = indexed(spec, "ncnn.in_ids", i, "0");
+    char *end = NULL;
+    long long rows = strtoll(v, &end, 10);
+    return end && *end == '\0' && rows > 0 && rows <= INT32_MAX ? rows : 0;
+}
+
+/* Integer ids -> the int32 words Embed reads. ONNX's Gather counts a negative id from the table's end
+ * and refuses one outside it; ncnn's Embed would clamp it to a row instead, so the check is here. */
+static int ids_to_words(const ep_io_spec *s, const ep_tensor *in, long long rows, int32_t *dst, size_t n,
+                        ep_status *st) {
+    for (size_t k = 0; k < n; k++) {
+        long long v = in->dtype == EP_I64 ? (long long)((const int64_t *)in->data)[k]
+                                          : (long long)((const int32_t *)in->data)[k];
+        if (v < -rows || v >= rows)
+            return ep_fail(st, EP_ERR_INPUT, "input %s: id %lld (element %zu) is outside the embedding table's %lld rows",
+                           s->name, v, k, rows);
+        dst[k] = (int32_t)(v < 0 ? v + rows : v);
+    }
+    return EP_OK;
+}
+
 static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {
     ncnn_engine *e = handle;
     const ep_model_spec *spec = e->spec;
@@ -407,13 +431,20 @@ static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, e
     int rc = EP_OK;
     for (int i = 0; i < spec->n_inputs && !rc; i++) {
         const ep_io_spec *s = &spec->inputs[i];
-        if (inputs[i].dtype != EP_F32) {
-            rc = ep_fail(st, EP_ERR_INPUT, "input %s: ncnn artifacts take float32", s->name);
+        long long rows = id_rows_of(spec, i);
+        int ids = rows > 0 && (inputs[i].dtype == EP_I64 || inputs[i].dtype == EP_I32);
+        if (inputs[i].dtype != EP_F32 && !ids) {
+            rc = ep_fail(st, EP_ERR_INPUT, "input %s: ncnn artifacts take float32%s", s->name,
+                         rows > 0 ? " or integer ids" : "");
             break;
         }
         int w, h, d, c, dims;
         if (!to_ncnn_dims(s, batch_axis_of(spec, "ncnn.in_batch", i), &w, &h, &d, &c, &dims)) {
             rc = ep_fail(st, EP_ERR_MODEL, "input %s: rank too high for ncnn", s->name);
+            break;
+        }
+        if (ids && dims != 1) {
+            rc = ep_fail(st, EP_ERR_MODEL, "input %s: integer ids enter ncnn as one row only", s->name);
             break;
         }
         /* from the blob pool, not malloc: musl hands a large block back to the kernel on free, so
@@ -426,13 +457,15 @@ static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, e
                                    : ncnn_mat_create_4d(w, h, d, c, a);
         const float *src = (const float *)inputs[i].data;
         size_t plane = (size_t)w * h * d;
-        if (dims <= 2) {
+        if (ids) {
+            rc = ids_to_words(s, &inputs[i], rows, (int32_t *)ncnn_mat_get_data(m), plane, st);
+        } else if (dims <= 2) {
             memcpy(ncnn_mat_get_data(m), src, plane * sizeof(float));
         } else {
             for (int ch = 0; ch < c; ch++)
                 memcpy(ncnn_mat_get_channel_data(m, ch), src + (size_t)ch * plane, plane * sizeof(float));
         }
-        if (ncnn_extractor_input(ex, indexed(spec, "ncnn.in", i, "in0"), m) != 0)
+        if (!rc && ncnn_extractor_input(ex, indexed(spec, "ncnn.in", i, "in0"), m) != 0)
             rc = ep_fail(st, EP_ERR_MODEL, "ncnn has no input blob %s", indexed(spec, "ncnn.in", i, "in0"));
         ncnn_mat_destroy(m);
     }

@@ -117,6 +117,9 @@ def test_zero_taps_outside_the_window_are_not_run(first, last, length):
     (32, 201, 3, 2, {"pads": [1, 1]}),   # Whisper's conv2: stride 2 over an odd length
     (16, 50, 2, 1, {}),                  # two taps, no padding
     (12, 64, 5, 3, {"pads": [0, 2]}),    # asymmetric pads, a stride that does not divide the length
+    (48, 64, 5, 1, {"pads": [6, 6], "dilations": [3]}),   # AttaCut's dilated Conv1Ds: "same" padding
+    (48, 64, 9, 1, {"pads": [8, 8], "dilations": [2]}),
+    (20, 70, 3, 2, {"pads": [1, 3], "dilations": [4]}),   # dilated and strided, pads apart
 ])
 def test_many_channel_conv1d_as_a_row_computes_the_same_sums(c, length, k, s, attrs):
     model = stft_like(c, length, k, s, bias=True, **attrs)
@@ -126,7 +129,7 @@ def test_many_channel_conv1d_as_a_row_computes_the_same_sums(c, length, k, s, at
     assert [n.op_type for n in rewritten.graph.node] == ["Reshape", "Conv", "Reshape", "Sum"]
     pads = attrs.get("pads", [0, 0])
     assert _conv_attrs(rewritten) == [{"kernel_shape": [1, k], "strides": [1, s], "pads": [0, pads[0], 0, pads[1]],
-                                       "dilations": [1, 1], "group": []}]
+                                       "dilations": [1, attrs.get("dilations", [1])[0]], "group": []}]
     x = np.random.default_rng(5).standard_normal((1, c, length)).astype(np.float32)
     want = run(model, x)
     np.testing.assert_allclose(run(rewritten, x), want, rtol=0, atol=2e-6 * float(np.abs(want).max()) * np.sqrt(c * k))
@@ -135,7 +138,6 @@ def test_many_channel_conv1d_as_a_row_computes_the_same_sums(c, length, k, s, at
 @pytest.mark.parametrize("c, attrs", [
     (8, {}),                      # few channels: the strided rule's, or ncnn's Convolution1D
     (16, {"k": 1}),               # pointwise: no faster as a row (PLCMOS' 512 -> 128), less exact on Arm fp16
-    (16, {"dilations": [2]}),
     (16, {"group": 2}),
 ])
 def test_conv1d_forms_the_row_rule_leaves_alone(c, attrs):

@@ -73,6 +73,8 @@ class NcnnBackend:
         for i, (blob, b) in enumerate(zip(converted.input_blobs, converted.input_batch)):
             options[f"ncnn.in.{i}"] = blob
             options[f"ncnn.in_batch.{i}"] = b
+            if i < len(converted.input_ids) and converted.input_ids[i]:  # integer ids: rows of their table
+                options[f"ncnn.in_ids.{i}"] = str(converted.input_ids[i])
         for i, (blob, b) in enumerate(zip(converted.output_blobs, converted.output_batch)):
             options[f"ncnn.out.{i}"] = blob
             options[f"ncnn.out_batch.{i}"] = b

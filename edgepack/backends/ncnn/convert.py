@@ -30,7 +30,9 @@ from .erf_gelu import erf_gelus_as_gelu
 from .strided_conv import strided_convs_as_rows, wide_convs_as_rows
 from .dilated_conv import dilated_convs_as_phases
 from .tanh_gelu import tanh_gelus_as_gelu
-from . import dilated_conv, erf_gelu, fuse, memory, recurrent_forms, reduce_max, rewrite, seq_first, strided_conv, tanh_gelu
+from .token_ids import INTEGER_IDS, as_pnnx_embeddings, embed_only, id_inputs
+from . import (dilated_conv, erf_gelu, fuse, memory, recurrent_forms, reduce_max, rewrite, seq_first, strided_conv,
+               tanh_gelu, token_ids)
 from .rewrite import VERSION as REWRITE_VERSION
 from .reduce_max import reduce_maxes_for_ncnn
 from .rewrite import rewrite_for_ncnn
@@ -66,6 +68,7 @@ class NcnnModel:
     check_error: float              # python-ncnn vs onnxruntime, max abs
     key: str
     rewrites: tuple[str, ...] = ()  # ONNX rewrites (rewrite.py) applied before pnnx, "name x count"
+    input_ids: tuple[int, ...] = ()  # per input: rows of the embedding table its integer ids index, 0 for float
 
 
 def parse_param_layers(text: str) -> list[tuple[str, str]]:
@@ -119,7 +122,7 @@ def graph_code_digest() -> str:
     edgepack ships no .py files: there the version numbers alone key it."""
     h = hashlib.sha256()
     for module in (rewrite, seq_first, fuse, strided_conv, dilated_conv, erf_gelu, tanh_gelu, reduce_max,
-                   recurrent_forms, memory, sys.modules[__name__]):
+                   recurrent_forms, memory, token_ids, sys.modules[__name__]):
         src = Path(module.__file__)
         h.update(src.read_bytes() if src.suffix == ".py" and src.is_file() else module.__name__.encode())
     return h.hexdigest()[:16]
@@ -151,8 +154,9 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
         if root.exists():
             shutil.rmtree(root)
         root.mkdir(parents=True)
+        ids = id_inputs(model.proto, model.inputs, model.path.name)  # integer inputs: embedding ids only
         for s in model.inputs:
-            if s.dtype != "float32":
+            if s.dtype != "float32" and s.name not in ids:
                 raise UnsupportedOpError(f"{model.path.name}: input {s.name} is {s.dtype}; ncnn artifacts take float32",
                                          hint="use --backend tvm for integer inputs")
             if not s.shape:  # pnnx's inputshape= has no spelling for a 0-d tensor (it drops it, then fails)
@@ -160,7 +164,7 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
                                          "take tensors of at least one dimension", hint="use --backend tvm")
         fp16 = "1" if precision == "fp16" else "0"
         log(f"converting with pnnx (fp16 weights={fp16})")
-        ready, ready_note = reduce_maxes_for_ncnn(model.proto)  # exact, and needed: before any other
+        ready, ready_note = reduce_maxes_for_ncnn(as_pnnx_embeddings(model.proto, ids))  # exact, and needed
         batched, batch_note = _batched(ready, log)
         try:
             meta = _convert_in(root, model, batched, ready_note + batch_note, fp16, precision, key, log)
@@ -234,10 +238,16 @@ def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], 
     in_blobs, in_batch, out_blobs, out_batch = _io_from_pyscript(
         (root / "model_ncnn.py").read_text(), len(model.inputs), len(model.outputs),
         tuple(tuple(s.shape) for s in model.inputs))
+    ids = id_inputs(model.proto, model.inputs, model.path.name)
+    text = param.read_text()
+    for s, blob in zip(model.inputs, in_blobs):
+        if s.name in ids and not embed_only(text, blob):
+            raise UnsupportedOpError(f"{model.path.name}: input {s.name} ({s.dtype} ids) reaches an ncnn layer "
+                                     "other than Embed after pnnx", hint="use --backend tvm")
     err = _check_with_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batch, precision)
     return {"input_blobs": in_blobs, "output_blobs": out_blobs, "input_batch": in_batch,
             "output_batch": out_batch, "layer_types": sorted({t for t, _ in layers}), "check_error": err,
-            "key": key, "rewrites": rewrites}
+            "key": key, "rewrites": rewrites, "input_ids": [ids.get(s.name, 0) for s in model.inputs]}
 
 
 def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
@@ -333,6 +343,8 @@ def _run_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batc
     with net.create_extractor() as ex:
         for spec, blob, b in zip(model.inputs, in_blobs, in_batch):
             arr = np.ascontiguousarray(inputs[spec.name], dtype=np.float32)
+            if spec.dtype in INTEGER_IDS:  # Embed reads int32 words (the engine writes them the same way)
+                arr = np.ascontiguousarray(inputs[spec.name], dtype=np.int32).view(np.float32)
             # the arrays and Mats stay referenced until the extractor is done with them
             fed.append(np.ascontiguousarray(arr if b == "none" else np.take(arr, 0, axis=int(b))))
             fed.append(ncnn.Mat(fed[-1]).clone())
