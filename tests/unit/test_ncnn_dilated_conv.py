@@ -15,25 +15,32 @@ from edgepack.backends.ncnn.dilated_conv import dilated_convs_as_phases
 
 def dilated(c: int, o: int, h: int, w: int, dilations=(2, 1), pads=(2, 1, 2, 1), bias: bool = True,
             act: str | None = "LeakyRelu", kernel=(3, 3), strides=(1, 1), group: int = 1,
-            opset: int = 13) -> onnx.ModelProto:
-    """x [1, C, H, W] -> Conv(O, kernel, dilations, pads) [-> act] -> y."""
+            opset: int = 13, pool: dict | None = None) -> onnx.ModelProto:
+    """x [1, C, H, W] -> Conv(O, kernel, dilations, pads) [-> act] [-> pool(**pool)] -> y."""
     rng = np.random.default_rng(c * 7 + o + h)
     inits = [numpy_helper.from_array(rng.standard_normal((o, c // group, *kernel)).astype(np.float32), "w")]
     ins = ["x", "w"]
     if bias:
         inits.append(numpy_helper.from_array(rng.standard_normal(o).astype(np.float32), "b"))
         ins.append("b")
-    conv_out = "c" if act else "y"
+    conv_out = "c" if act else ("a" if pool else "y")
     nodes = [helper.make_node("Conv", ins, [conv_out], kernel_shape=list(kernel), dilations=list(dilations),
                               pads=list(pads), strides=list(strides), group=group)]
     if act == "LeakyRelu":
-        nodes.append(helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.1))
+        nodes.append(helper.make_node("LeakyRelu", ["c"], ["a" if pool else "y"], alpha=0.1))
     elif act == "Clip":
         inits += [numpy_helper.from_array(np.array(0, np.float32), "lo"),
                   numpy_helper.from_array(np.array(6, np.float32), "hi")]
-        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["a" if pool else "y"]))
     out = [1, o] + [(size + pads[i] + pads[i + 2] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1
                     for i, size in enumerate((h, w))]
+    if pool:
+        pool = dict(pool)
+        op = pool.pop("op", "MaxPool")
+        nodes.append(helper.make_node(op, ["a"], ["y"], **pool))
+        pp = pool.get("pads", [0] * 4)
+        out = out[:2] + [(n + pp[i] + pp[i + 2] - k) // s + 1
+                         for i, (n, k, s) in enumerate(zip(out[2:], pool["kernel_shape"], pool["strides"]))]
     graph = helper.make_graph(nodes, "dilated", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -98,3 +105,35 @@ def test_an_activation_with_other_readers_stays_after_the_slice():
     sess_b = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"])
     for want, got in zip(sess_a.run(None, {"x": x}), sess_b.run(None, {"x": x})):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("h, w, pool, crops", [
+    # PLCMOS' form: (1, 4) windows drop the two straddling columns: nothing left to crop
+    (40, 17, dict(kernel_shape=[1, 4], strides=[1, 4]), 0),
+    # an odd padded height (one extra row) and 2x2 windows that would reach it: the pooled rows are cropped
+    (41, 9, dict(kernel_shape=[2, 2], strides=[2, 2]), 1),
+    (41, 10, dict(op="AveragePool", kernel_shape=[3, 2], strides=[1, 2]), 1),
+])
+def test_a_pooling_after_moves_before_the_crop(h, w, pool, crops):
+    model = dilated(16, 24, h, w, pads=(1, 1, 1, 1) if h % 2 == 0 else (2, 1, 2, 1), pool=pool)
+    rewritten, count = dilated_convs_as_phases(model)
+    assert count == 1
+    onnx.checker.check_model(rewritten)
+    ops = [n.op_type for n in rewritten.graph.node]
+    pool_op = pool.get("op", "MaxPool")
+    assert ops.count(pool_op) == 1 and ops.count("Slice") == crops
+    assert ops.index(pool_op) == ops.index("Reshape", ops.index("Conv")) + 1
+    x = np.random.default_rng(w).standard_normal((1, 16, h, w)).astype(np.float32)
+    want, got = run(model, x), run(rewritten, x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_a_padded_pooling_stays_after_the_crop():
+    model = dilated(16, 16, 20, 10, pool=dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1]))
+    rewritten, count = dilated_convs_as_phases(model)
+    assert count == 1
+    ops = [n.op_type for n in rewritten.graph.node]
+    assert ops.index("MaxPool") > ops.index("Slice")
+    x = np.random.default_rng(1).standard_normal((1, 16, 20, 10)).astype(np.float32)
+    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-4)
