@@ -1,7 +1,7 @@
 """3x3 convolutions dilated along the height (PLCMOS v2's form) run in ncnn as undilated ones over the
-row phases side by side (edgepack/backends/ncnn/dilated_conv.py), so ncnn's Winograd takes them: built
-for real, the rewrite recorded in the manifest, checked against onnxruntime on every x86 CPU model
-the artifact may meet."""
+row phases side by side (edgepack/backends/ncnn/dilated_conv.py; the MaxPool after the first moves
+before its crop), so ncnn's Winograd takes them: built for real, the rewrite recorded in the manifest,
+checked against onnxruntime on every x86 CPU model the artifact may meet."""
 from __future__ import annotations
 
 import json
