@@ -7,8 +7,9 @@ x86 GRU; Arm has gru_arm.cpp).
    the file itself is built for baseline SSE2): the input products W_x x_t + b of every step in one
    pass before the recurrence (4 steps x 16 gate rows a block over a transposed copy of W_x, so each
    weight load serves four steps), then per step the recurrent products as 8-lane FMAs over a
-   transposed W_h (h_{t-1}[i] broadcast against row i of W_h^T: no horizontal sums), then the gates as
-   ncnn computes them (sigmoid, tanh from libm; linear_before_reset's N = x_N + R (b_hN + W_hN h)).
+   transposed W_h (h_{t-1}[i] broadcast against row i of W_h^T: no horizontal sums), then the gates 8
+   units a time (sigmoid, and tanh as 1 - 2 / (1 + e^2y), over an 8-lane e^x; libm's expf and tanhf
+   one unit a time had cost ~7% of PLCMOS v2; linear_before_reset's N = x_N + R (b_hN + W_hN h)).
    ncnn's loop computed each unit's six dot products one multiply at a time, in code built for SSE2:
    ~7 ms of PLCMOS v2's 30 (onnxruntime's GRU: ~1.6 ms).
    Taken where a direction runs on one thread, or its step is small (the test of 1). Other CPUs
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-GRU_PATCH_VERSION = 2  # part of the x86 libncnn cache key (library.py); 2: ep_gru_fma
+GRU_PATCH_VERSION = 3  # part of the x86 libncnn cache key (library.py); 2: ep_gru_fma; 3: its gates in 8 lanes
 
 _BOTH_DIRECTIONS = r'''// edgepack (gru_patch.py): the two directions of a bidirectional GRU at once, one thread each. A step
 // split between threads costs two hand-overs per step, more than a small step computes; on 2 threads
@@ -192,8 +193,52 @@ __attribute__((target("avx2,fma"))) static void ep_gru_recurrent(const Mat& pack
     }
 }
 
-// (the vector code sits in the two functions above: an OpenMP region's outlined body does not take
-// its function's target attribute)
+// e^x in 8 lanes: 2^n e^r, n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts), e^r by Cephes' expf
+// polynomial; x clamped to where 2^n stays a normal float (NaN passes through: min and max return
+// their second operand for a NaN)
+__attribute__((target("avx2,fma"))) static inline __m256 ep_exp8(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), _mm256_min_ps(_mm256_set1_ps(88.3f), x));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// one step's gates and output, 8 units a time (the tail as ncnn computes it): R = sigmoid(x_R + W_hR h),
+// U likewise, N = tanh(x_N + R (b_hN + W_hN h)) as 1 - 2 / (1 + e^(2y)), out = (1 - U) N + U h
+__attribute__((target("avx2,fma"))) static void ep_gru_gates(const float* xr, const float* g, const float* bias_bn, const float* h, float* out, int H)
+{
+    const __m256 one = _mm256_set1_ps(1.f);
+    const __m256 two = _mm256_set1_ps(2.f);
+    int q = 0;
+    for (; q + 8 <= H; q += 8)
+    {
+        const __m256 R = _mm256_div_ps(one, _mm256_add_ps(one, ep_exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_add_ps(_mm256_loadu_ps(xr + q), _mm256_loadu_ps(g + q))))));
+        const __m256 U = _mm256_div_ps(one, _mm256_add_ps(one, ep_exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_add_ps(_mm256_loadu_ps(xr + H + q), _mm256_loadu_ps(g + H + q))))));
+        const __m256 y = _mm256_fmadd_ps(R, _mm256_add_ps(_mm256_loadu_ps(bias_bn + q), _mm256_loadu_ps(g + 2 * H + q)), _mm256_loadu_ps(xr + 2 * H + q));
+        const __m256 N = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(one, ep_exp8(_mm256_add_ps(y, y)))));
+        _mm256_storeu_ps(out + q, _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(one, U), N), _mm256_mul_ps(U, _mm256_loadu_ps(h + q))));
+    }
+    for (; q < H; q++)
+    {
+        const float R = 1.f / (1.f + expf(-(xr[q] + g[q])));
+        const float U = 1.f / (1.f + expf(-(xr[H + q] + g[H + q])));
+        const float N = tanhf(xr[2 * H + q] + R * (bias_bn[q] + g[2 * H + q]));
+        out[q] = (1 - U) * N + U * h[q];
+    }
+}
+
+// (the vector code sits in the functions above: an OpenMP region's outlined body does not take its
+// function's target attribute)
 static int ep_gru_fma(const Mat& bottom_blob, Mat& top_blob, int reverse, const Mat& packed, const Mat& bias_c, Mat& hidden_state, const Option& opt)
 {
     const int size = bottom_blob.w;
@@ -217,15 +262,8 @@ static int ep_gru_fma(const Mat& bottom_blob, Mat& top_blob, int reverse, const 
     {
         const int ti = reverse ? T - 1 - t : t;
         ep_gru_recurrent(packed, size, H, h, g);
-        const float* xr = xg.row(ti);
         float* out = top_blob.row(ti);
-        for (int q = 0; q < H; q++)
-        {
-            const float R = 1.f / (1.f + expf(-(xr[q] + g[q])));
-            const float U = 1.f / (1.f + expf(-(xr[H + q] + g[H + q])));
-            const float N = tanhf(xr[2 * H + q] + R * (bias_bn[q] + g[2 * H + q]));
-            out[q] = (1 - U) * N + U * h[q];
-        }
+        ep_gru_gates(xg.row(ti), g, bias_bn, h, out, H);
         for (int q = 0; q < H; q++)
             h[q] = out[q];
     }
