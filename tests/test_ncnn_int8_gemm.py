@@ -1,7 +1,8 @@
 """Dynamically quantised MatMuls (quantize_dynamic: DynamicQuantizeLinear + MatMulInteger) are summed as
-integers on AVX2 CPUs (edgepack/backends/ncnn/int8_gemm_patch.py) and give onnxruntime's answer.
+integers on AVX2 CPUs (edgepack/backends/ncnn/int8_gemm_patch.py; vpdpwssd on VNNI CPUs, vpmaddwd on
+the others) and give onnxruntime's answer.
 
-The model has two heads on one M x 300 input, M = 20 (packed 4 rows a pack: A converted row by row, the
+The model has two heads on one M x 301 input, M = 20 (packed 4 rows a pack: A converted row by row, the
 sums stored one float at a time), 21 (not packed: whole 8-column blocks stored as vectors row by row) or
 48 (packed 8 rows a pack: A converted eight rows at once, vectorised, and whole 8 x 8 blocks summed and
 stored column by column): a
@@ -28,7 +29,7 @@ from clirun import run_artifact_on
 from test_ncnn_thread_split import build_fp32_ncnn
 from edgepack.backends.ncnn.int8_gemm_patch import MARK_KEY, mark_integer_gemms
 
-K, N, N2 = 300, 1001, 40
+K, N, N2 = 301, 1001, 40  # K odd: a last pair padded with 0, and an odd pair count (the unrolled kernels' tail)
 
 
 def _host_flags() -> set[str]:
@@ -37,8 +38,15 @@ def _host_flags() -> set[str]:
 
 
 def _expected_mode(cpu: str) -> str | None:
-    """Which integer kernel the library should pick on `cpu`, None for ncnn's fp32 Gemm."""
-    if cpu in ("native", "native isa=avx2") and "avx2" in _host_flags() or cpu == "Haswell-noTSX":
+    """Which integer kernel the library should pick on `cpu`, None for ncnn's fp32 Gemm: vpdpwssd where the
+    CPU has AVX-512 VNNI (a cap to AVX2 removes it) or AVX-VNNI (a cap to AVX2 keeps it: Alder Lake's
+    kind), vpmaddwd on other AVX2 CPUs."""
+    flags = _host_flags()
+    if cpu == "Haswell-noTSX" or cpu in ("native", "native isa=avx2") and "avx2" in flags:
+        if cpu == "native" and "avx512_vnni" in flags:
+            return "int16 pairs, AVX-512 VNNI"
+        if cpu.startswith("native") and "avx_vnni" in flags:
+            return "int16 pairs, AVX-VNNI"
         return "int16 pairs, AVX2"
     return None   # "native isa=sse", Nehalem
 

@@ -24,8 +24,12 @@ transposed, one input, alpha 1, fp32 output not transposed, K up to 32768 (int32
 no int8 scales of ncnn's own; a constant C (a bias) may be a scalar, per row or per column, and is
 added to the rounded sum (onnxruntime adds its bias after MatMulInteger, too). The code lives in
 ncnn's AVX builds of the layer (AVX-512, FMA and AVX) as AVX2 functions picked by CPUID; SSE CPUs and
-unmarked layers run ncnn's fp32 Gemm as before. AVX-512 VNNI's vpdpbusd would sum four byte products
-per lane; it is not used because this project's build host has no AVX-512 to verify it on.
+unmarked layers run ncnn's fp32 Gemm as before. CPUs with AVX-VNNI (Alder Lake and later, the N100
+class) or AVX-512 VNNI (Ice Lake, Zen 4, Xeons) sum with vpdpwssd instead: one instruction for
+vpmaddwd + vpaddd, the same int32 sums (patch version 4); with AVX-512's 32 registers the sums run in
+two sets (even and odd pairs, added at the end), so that each accumulator waits out vpdpwssd's latency
+half as often. vpdpbusd (four byte products a lane) would need A in uint8 and B in int8; the lowered
+values span [-255, 255].
 Only x86 builds compile this file, so only their cache key carries INT8_GEMM_PATCH_KEY.
 """
 from __future__ import annotations
@@ -34,14 +38,15 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 3  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
-# 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows)
+INT8_GEMM_PATCH_VERSION = 4  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+# 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
 _DECL_NEW = """public:
     // edgepack (int8_gemm_patch.py): an integer B packed for integer sums, taken in create_pipeline
-    int ep_int8;   // 1: B taken as int16 pairs for vpmaddwd (AVX2); 0: ncnn's fp32 Gemm
+    int ep_int8;   // 1: B taken as int16 pairs for integer sums; 0: ncnn's fp32 Gemm
+    int ep_isa;    // the sums' instructions: 0 AVX2 (vpmaddwd), 1 AVX-VNNI, 2 AVX-512 VNNI (vpdpwssd)
     Mat ep_b;      // B as int16, [N/8][K/2][8][2]
     int ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<Mat>& top_blobs, const Option& opt) const;
 
@@ -64,49 +69,113 @@ static inline float ep_b_value(const Mat& B, size_t i)
     return B.elemsize == 2u ? float16_to_float32(((const unsigned short*)B.data)[i]) : ((const float*)B.data)[i];
 }
 
-// R rows of int16 A times one 8-column block of int16 B, exact int32 sums. A is packed 8 rows a block,
-// [K2][8 rows][2]: row r's pair q at a + q * 16 + r * 2 (one 32-byte line holds a pair of all 8 rows)
-template<int R>
-__attribute__((target("avx2"))) static void ep_i16_rows(const short* a, const short* b, int K2, int* out)
-{
-    __m256i acc[R];
-    for (int r = 0; r < R; r++)
-        acc[r] = _mm256_setzero_si256();
-    for (int q = 0; q < K2; q++)
-    {
-        const __m256i bv = _mm256_loadu_si256((const __m256i*)(b + (size_t)q * 16));
-        for (int r = 0; r < R; r++)
-        {
-            int a2;
-            __builtin_memcpy(&a2, a + (size_t)q * 16 + r * 2, 4);
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_set1_epi32(a2), bv));
-        }
-    }
-    for (int r = 0; r < R; r++)
-        _mm256_storeu_si256((__m256i*)(out + r * 8), acc[r]);
+// The two kernels, stamped out once per instruction set by EP_I16_KERNELS: EP_DOT(acc, x, y) adds the
+// pairwise products of the int16 lanes of x and y to the int32 lanes of acc. AVX2: vpmaddwd + vpaddd;
+// AVX-VNNI (VEX) and AVX-512 VNNI (EVEX, 256-bit with VL): one vpdpwssd, the same sums (a pair of
+// products of values in [-255, 255] cannot overflow, and both wrap the same way past int32).
+//
+// ep_i16_rows_*: R rows of int16 A times one 8-column block of int16 B, exact int32 sums. A is packed
+// 8 rows a block, [K2][8 rows][2]: row r's pair q at a + q * 16 + r * 2 (one 32-byte line holds a
+// pair of all 8 rows).
+// ep_i16_cols_*: the 8 rows of one A block times one 8-column block of B, column by column: out + j * 8
+// holds column j's 8 row sums, the layout of an output packed 8 rows to an element (elempack 8), so
+// the sums go out as vectors instead of one strided float at a time.
+#define EP_I16_KERNELS(NAME, TARGET, EP_DOT) \
+template<int R> \
+__attribute__((target(TARGET))) static void ep_i16_rows_##NAME(const short* a, const short* b, int K2, int* out) \
+{ \
+    __m256i acc[R], acc2[R]; \
+    for (int r = 0; r < R; r++) \
+        acc[r] = acc2[r] = _mm256_setzero_si256(); \
+    int q = 0; \
+    for (; q + EP_U <= K2; q += EP_U) \
+    { \
+        const __m256i bv = _mm256_loadu_si256((const __m256i*)(b + (size_t)q * 16)); \
+        const __m256i bv2 = EP_U == 2 ? _mm256_loadu_si256((const __m256i*)(b + (size_t)(q + 1) * 16)) : bv; \
+        for (int r = 0; r < R; r++) \
+        { \
+            int a2; \
+            __builtin_memcpy(&a2, a + (size_t)q * 16 + r * 2, 4); \
+            acc[r] = EP_DOT(acc[r], _mm256_set1_epi32(a2), bv); \
+            if (EP_U == 2) \
+            { \
+                __builtin_memcpy(&a2, a + (size_t)(q + 1) * 16 + r * 2, 4); \
+                acc2[r] = EP_DOT(acc2[r], _mm256_set1_epi32(a2), bv2); \
+            } \
+        } \
+    } \
+    for (; q < K2; q++) \
+    { \
+        const __m256i bv = _mm256_loadu_si256((const __m256i*)(b + (size_t)q * 16)); \
+        for (int r = 0; r < R; r++) \
+        { \
+            int a2; \
+            __builtin_memcpy(&a2, a + (size_t)q * 16 + r * 2, 4); \
+            acc[r] = EP_DOT(acc[r], _mm256_set1_epi32(a2), bv); \
+        } \
+    } \
+    for (int r = 0; r < R; r++) \
+        _mm256_storeu_si256((__m256i*)(out + r * 8), _mm256_add_epi32(acc[r], acc2[r])); \
+} \
+__attribute__((target(TARGET))) static void ep_i16_cols_##NAME(const short* a, const short* b, int K2, int* out) \
+{ \
+    __m256i acc[8], acc2[8]; \
+    for (int j = 0; j < 8; j++) \
+        acc[j] = acc2[j] = _mm256_setzero_si256(); \
+    int q = 0; \
+    for (; q + EP_U <= K2; q += EP_U) \
+    { \
+        const __m256i av = _mm256_loadu_si256((const __m256i*)(a + (size_t)q * 16)); \
+        const __m256i av2 = EP_U == 2 ? _mm256_loadu_si256((const __m256i*)(a + (size_t)(q + 1) * 16)) : av; \
+        for (int j = 0; j < 8; j++) \
+        { \
+            int b2; \
+            __builtin_memcpy(&b2, b + (size_t)q * 16 + j * 2, 4); \
+            acc[j] = EP_DOT(acc[j], av, _mm256_set1_epi32(b2)); \
+            if (EP_U == 2) \
+            { \
+                __builtin_memcpy(&b2, b + (size_t)(q + 1) * 16 + j * 2, 4); \
+                acc2[j] = EP_DOT(acc2[j], av2, _mm256_set1_epi32(b2)); \
+            } \
+        } \
+    } \
+    for (; q < K2; q++) \
+    { \
+        const __m256i av = _mm256_loadu_si256((const __m256i*)(a + (size_t)q * 16)); \
+        for (int j = 0; j < 8; j++) \
+        { \
+            int b2; \
+            __builtin_memcpy(&b2, b + (size_t)q * 16 + j * 2, 4); \
+            acc[j] = EP_DOT(acc[j], av, _mm256_set1_epi32(b2)); \
+        } \
+    } \
+    for (int j = 0; j < 8; j++) \
+        _mm256_storeu_si256((__m256i*)(out + j * 8), _mm256_add_epi32(acc[j], acc2[j])); \
 }
 
-// The 8 rows of one A block times one 8-column block of B, column by column: out + j * 8 holds column
-// j's 8 row sums, the layout of an output packed 8 rows to an element (elempack 8), so the sums go out
-// as vectors instead of one strided float at a time
-__attribute__((target("avx2"))) static void ep_i16_cols(const short* a, const short* b, int K2, int* out)
+#define EP_DOT_AVX2(acc, x, y) _mm256_add_epi32(acc, _mm256_madd_epi16(x, y))
+#define EP_DOT_AVXVNNI(acc, x, y) _mm256_dpwssd_avx_epi32(acc, x, y)
+#define EP_DOT_AVX512VNNI(acc, x, y) _mm256_dpwssd_epi32(acc, x, y)
+#define EP_U 1
+EP_I16_KERNELS(avx2, "avx2", EP_DOT_AVX2)
+EP_I16_KERNELS(avxvnni, "avx2,avxvnni", EP_DOT_AVXVNNI)
+#undef EP_U
+#define EP_U 2
+EP_I16_KERNELS(avx512vnni, "avx2,avx512f,avx512vl,avx512vnni", EP_DOT_AVX512VNNI)
+#undef EP_U
+
+// the kernels of one instruction set; Gemm_x86::ep_isa indexes these
+typedef void (*ep_i16_fn)(const short* a, const short* b, int K2, int* out);
+struct ep_i16_kernels
 {
-    __m256i acc[8];
-    for (int j = 0; j < 8; j++)
-        acc[j] = _mm256_setzero_si256();
-    for (int q = 0; q < K2; q++)
-    {
-        const __m256i av = _mm256_loadu_si256((const __m256i*)(a + (size_t)q * 16));
-        for (int j = 0; j < 8; j++)
-        {
-            int b2;
-            __builtin_memcpy(&b2, b + (size_t)q * 16 + j * 2, 4);
-            acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(av, _mm256_set1_epi32(b2)));
-        }
-    }
-    for (int j = 0; j < 8; j++)
-        _mm256_storeu_si256((__m256i*)(out + j * 8), acc[j]);
-}
+    const char* name;
+    ep_i16_fn cols, rows8, rows4, rows1;
+};
+static const ep_i16_kernels ep_i16[3] = {
+    {"AVX2", ep_i16_cols_avx2, ep_i16_rows_avx2<8>, ep_i16_rows_avx2<4>, ep_i16_rows_avx2<1>},
+    {"AVX-VNNI", ep_i16_cols_avxvnni, ep_i16_rows_avxvnni<8>, ep_i16_rows_avxvnni<4>, ep_i16_rows_avxvnni<1>},
+    {"AVX-512 VNNI", ep_i16_cols_avx512vnni, ep_i16_rows_avx512vnni<8>, ep_i16_rows_avx512vnni<4>, ep_i16_rows_avx512vnni<1>},
+};
 
 // Eight int32 sums as floats plus C (one per lane, or one for all: c_lanes null), to out: exact as in
 // the scalar loop (each sum rounded once, then the one addition)
@@ -218,6 +287,7 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     const int c_type = constantC ? constant_broadcast_type_C : -1;
     const float* c_data = c_type == -1 ? 0 : (const float*)CT_data.data;
 
+    const ep_i16_kernels& kernels = ep_i16[ep_isa];
     #pragma omp parallel for num_threads(opt.num_threads)
     for (int nb = 0; nb < NB; nb++)
     {
@@ -230,7 +300,7 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
             if (ok && oep == 8 && rows == 8 && cols == 8)
             {
                 // a whole 8 x 8 block of an output packed 8 rows to an element: column by column
-                ep_i16_cols((const short*)a16.row<const unsigned char>(m0 / 8), b, K2, acc);
+                kernels.cols((const short*)a16.row<const unsigned char>(m0 / 8), b, K2, acc);
                 float* out = (float*)((unsigned char*)top_blob.data + (size_t)(m0 / 8) * top_hstep * top_blob.elemsize) + (size_t)nb * 64;
                 for (int j = 0; j < 8; j++)
                     ep_store8(acc + j * 8, c_type == 1 || c_type == 2 ? c_data + m0 : 0,
@@ -242,11 +312,11 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
                 const short* a = (const short*)a16.row<const unsigned char>(m0 / 8);
                 int r = 0;
                 for (; r + 8 <= rows; r += 8)
-                    ep_i16_rows<8>(a + r * 2, b, K2, acc + r * 8);
+                    kernels.rows8(a + r * 2, b, K2, acc + r * 8);
                 for (; r + 4 <= rows; r += 4)
-                    ep_i16_rows<4>(a + r * 2, b, K2, acc + r * 8);
+                    kernels.rows4(a + r * 2, b, K2, acc + r * 8);
                 for (; r < rows; r++)
-                    ep_i16_rows<1>(a + r * 2, b, K2, acc + r * 8);
+                    kernels.rows1(a + r * 2, b, K2, acc + r * 8);
             }
             for (int r = 0; r < rows; r++)
             {
@@ -332,13 +402,14 @@ _PACK_NEW = """#if __AVX__
             ((int*)ep_bad.data)[nb] = fail;
         }
         ep_int8 = 1;
+        ep_isa = cpu_support_x86_avx512_vnni() ? 2 : cpu_support_x86_avx_vnni() ? 1 : 0;
         for (int nb = 0; nb < NB; nb++)
             ep_int8 &= !((const int*)ep_bad.data)[nb];
         if (ep_int8)
         {
             B_data.release();
             if (ep_int8_trace())
-                NCNN_LOGE("edgepack int8 gemm: %d x %d taken (int16 pairs, AVX2)", N, K);
+                NCNN_LOGE("edgepack int8 gemm: %d x %d taken (int16 pairs, %s)", N, K, ep_i16[ep_isa].name);
         }
         else
         {
@@ -381,7 +452,7 @@ _FILE_EDITS = (
     ("src/layer/gemm.cpp", (("Gemm::load_param's output_transpose", _GEMM_LOAD_OLD, _GEMM_LOAD_NEW, 1),)),
     ("src/layer/x86/gemm_x86.h", (("Gemm_x86's members", _DECL_OLD, _DECL_NEW, 1),)),
     ("src/layer/x86/gemm_x86.cpp", (
-        ("the kernel, before create_pipeline", _KERNEL_ANCHOR, _KERNEL + _KERNEL_ANCHOR + "    ep_int8 = 0;\n", 1),
+        ("the kernel, before create_pipeline", _KERNEL_ANCHOR, _KERNEL + _KERNEL_ANCHOR + "    ep_int8 = 0;\n    ep_isa = 0;\n", 1),
         ("the fp32 packing of a constant B", _PACK_OLD, _PACK_NEW, 1),
         ("forward's quantised branch", _FWD_OLD, _FWD_NEW, 1),
     )),
