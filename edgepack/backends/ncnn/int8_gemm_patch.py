@@ -38,8 +38,9 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 4  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
-# 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs
+INT8_GEMM_PATCH_VERSION = 5  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+# 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs;
+# 5: an even count of pairs (no kernel tail)
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -47,7 +48,7 @@ _DECL_NEW = """public:
     // edgepack (int8_gemm_patch.py): an integer B packed for integer sums, taken in create_pipeline
     int ep_int8;   // 1: B taken as int16 pairs for integer sums; 0: ncnn's fp32 Gemm
     int ep_isa;    // the sums' instructions: 0 AVX2 (vpmaddwd), 1 AVX-VNNI, 2 AVX-512 VNNI (vpdpwssd)
-    Mat ep_b;      // B as int16, [N/8][K/2][8][2]
+    Mat ep_b;      // B as int16, [N/8][K2][8][2], K2 = K/2 rounded up to an even count
     int ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<Mat>& top_blobs, const Option& opt) const;
 
 """ + _DECL_OLD
@@ -76,7 +77,8 @@ static inline float ep_b_value(const Mat& B, size_t i)
 //
 // ep_i16_rows_*: R rows of int16 A times one 8-column block of int16 B, exact int32 sums. A is packed
 // 8 rows a block, [K2][8 rows][2]: row r's pair q at a + q * 16 + r * 2 (one 32-byte line holds a
-// pair of all 8 rows).
+// pair of all 8 rows). K2, the pairs' count, is even (zero pairs pad A and B), so the two-set form
+// needs no tail.
 // ep_i16_cols_*: the 8 rows of one A block times one 8-column block of B, column by column: out + j * 8
 // holds column j's 8 row sums, the layout of an output packed 8 rows to an element (elempack 8), so
 // the sums go out as vectors instead of one strided float at a time.
@@ -87,8 +89,7 @@ __attribute__((target(TARGET))) static void ep_i16_rows_##NAME(const short* a, c
     __m256i acc[R], acc2[R]; \
     for (int r = 0; r < R; r++) \
         acc[r] = acc2[r] = _mm256_setzero_si256(); \
-    int q = 0; \
-    for (; q + EP_U <= K2; q += EP_U) \
+    for (int q = 0; q < K2; q += EP_U) \
     { \
         const __m256i bv = _mm256_loadu_si256((const __m256i*)(b + (size_t)q * 16)); \
         const __m256i bv2 = EP_U == 2 ? _mm256_loadu_si256((const __m256i*)(b + (size_t)(q + 1) * 16)) : bv; \
@@ -104,16 +105,6 @@ __attribute__((target(TARGET))) static void ep_i16_rows_##NAME(const short* a, c
             } \
         } \
     } \
-    for (; q < K2; q++) \
-    { \
-        const __m256i bv = _mm256_loadu_si256((const __m256i*)(b + (size_t)q * 16)); \
-        for (int r = 0; r < R; r++) \
-        { \
-            int a2; \
-            __builtin_memcpy(&a2, a + (size_t)q * 16 + r * 2, 4); \
-            acc[r] = EP_DOT(acc[r], _mm256_set1_epi32(a2), bv); \
-        } \
-    } \
     for (int r = 0; r < R; r++) \
         _mm256_storeu_si256((__m256i*)(out + r * 8), _mm256_add_epi32(acc[r], acc2[r])); \
 } \
@@ -122,8 +113,7 @@ __attribute__((target(TARGET))) static void ep_i16_cols_##NAME(const short* a, c
     __m256i acc[8], acc2[8]; \
     for (int j = 0; j < 8; j++) \
         acc[j] = acc2[j] = _mm256_setzero_si256(); \
-    int q = 0; \
-    for (; q + EP_U <= K2; q += EP_U) \
+    for (int q = 0; q < K2; q += EP_U) \
     { \
         const __m256i av = _mm256_loadu_si256((const __m256i*)(a + (size_t)q * 16)); \
         const __m256i av2 = EP_U == 2 ? _mm256_loadu_si256((const __m256i*)(a + (size_t)(q + 1) * 16)) : av; \
@@ -137,16 +127,6 @@ __attribute__((target(TARGET))) static void ep_i16_cols_##NAME(const short* a, c
                 __builtin_memcpy(&b2, b + (size_t)(q + 1) * 16 + j * 2, 4); \
                 acc2[j] = EP_DOT(acc2[j], av2, _mm256_set1_epi32(b2)); \
             } \
-        } \
-    } \
-    for (; q < K2; q++) \
-    { \
-        const __m256i av = _mm256_loadu_si256((const __m256i*)(a + (size_t)q * 16)); \
-        for (int j = 0; j < 8; j++) \
-        { \
-            int b2; \
-            __builtin_memcpy(&b2, b + (size_t)q * 16 + j * 2, 4); \
-            acc[j] = EP_DOT(acc[j], av, _mm256_set1_epi32(b2)); \
         } \
     } \
     for (int j = 0; j < 8; j++) \
@@ -223,7 +203,7 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
         return -1;
     }
     const size_t A_hstep = A.dims == 3 ? A.cstep : (size_t)A.w;
-    const int K2 = (K + 1) / 2;
+    const int K2 = (K + 3) / 4 * 2; // pairs, an even count (ep_b is packed the same way)
     const int NB = (N + 7) / 8;
 
     // row m of A: its values k * ep apart
@@ -242,6 +222,7 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
         if (ep == 8 || ep == 16)
         {
             ok = ep_a16_block_packed(a_row(blk * 8), ep, K, dst);
+            memset(dst + (size_t)((K + 1) / 2) * 16, 0, (size_t)(K2 - (K + 1) / 2) * 32); // the padding pair
             continue;
         }
         memset(dst, 0, (size_t)K2 * 32);
@@ -378,7 +359,7 @@ _PACK_NEW = """#if __AVX__
     {
         const int N = constantN;
         const int K = constantK;
-        const int K2 = (K + 1) / 2;
+        const int K2 = (K + 3) / 4 * 2; // pairs, an even count (ep_b is packed the same way)
         const int NB = (N + 7) / 8;
         ep_b.create(K2 * 32, NB, (size_t)1u, (Allocator*)0);
         Mat ep_bad(NB, (size_t)4u, (Allocator*)0);
