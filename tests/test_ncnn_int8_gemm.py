@@ -4,8 +4,8 @@ the others) and give onnxruntime's answer.
 
 The model has two heads on one M x 301 input, M = 20 (packed 4 rows a pack: A converted row by row, the
 sums stored one float at a time), 21 (not packed: whole 8-column blocks stored as vectors row by row) or
-48 (packed 8 rows a pack: A converted eight rows at once, vectorised, and whole 8 x 8 blocks summed and
-stored column by column): a
+48 (packed 8 rows a pack, 16 on AVX-512: A converted eight rows at once, vectorised, and whole 8 x 8
+blocks summed and stored column by column, into half a 16-row pack on AVX-512): a
 quantised MatMul to 1001 columns with uint8 weights and a bias (N not a multiple of 8: a part block),
 and a float MatMul whose weights are small integers but whose input is not, which the conversion marks
 too (it marks every Gemm of constant B in a lowered graph) and which must fall back to fp32 sums.

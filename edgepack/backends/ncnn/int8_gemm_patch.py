@@ -38,9 +38,9 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 5  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+INT8_GEMM_PATCH_VERSION = 6  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
 # 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs;
-# 5: an even count of pairs (no kernel tail)
+# 5: an even count of pairs (no kernel tail); 6: 16-row packed outputs stored column by column too
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -278,14 +278,15 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
         for (int m0 = 0; m0 < M; m0 += 8)
         {
             const int rows = std::min(8, M - m0);
-            if (ok && oep == 8 && rows == 8 && cols == 8)
+            if (ok && (oep == 8 || oep == 16) && rows == 8 && cols == 8)
             {
-                // a whole 8 x 8 block of an output packed 8 rows to an element: column by column
+                // a whole 8 x 8 block of an output packed 8 or 16 rows to an element: column by column,
+                // each column's 8 row sums one vector store (half of a 16-row element's lanes)
                 kernels.cols((const short*)a16.row<const unsigned char>(m0 / 8), b, K2, acc);
-                float* out = (float*)((unsigned char*)top_blob.data + (size_t)(m0 / 8) * top_hstep * top_blob.elemsize) + (size_t)nb * 64;
+                float* out = (float*)((unsigned char*)top_blob.data + (size_t)(m0 / oep) * top_hstep * top_blob.elemsize) + (size_t)nb * 8 * oep + m0 % oep;
                 for (int j = 0; j < 8; j++)
                     ep_store8(acc + j * 8, c_type == 1 || c_type == 2 ? c_data + m0 : 0,
-                              c_type == 0 ? c_data[0] : c_type == 4 ? c_data[nb * 8 + j] : 0.f, out + j * 8);
+                              c_type == 0 ? c_data[0] : c_type == 4 ? c_data[nb * 8 + j] : 0.f, out + j * oep);
                 continue;
             }
             if (ok)
