@@ -28,8 +28,9 @@ unmarked layers run ncnn's fp32 Gemm as before. CPUs with AVX-VNNI (Alder Lake a
 class) or AVX-512 VNNI (Ice Lake, Zen 4, Xeons) sum with vpdpwssd instead: one instruction for
 vpmaddwd + vpaddd, the same int32 sums (patch version 4); with AVX-512's 32 registers the sums run in
 two sets (even and odd pairs, added at the end), so that each accumulator waits out vpdpwssd's latency
-half as often. vpdpbusd (four byte products a lane) would need A in uint8 and B in int8; the lowered
-values span [-255, 255].
+half as often, and whole 16 x 8 blocks of an output packed 8 or 16 rows to an element are summed in
+512-bit registers (two A blocks a register). vpdpbusd (four byte products a lane) would need A in uint8
+and B in int8; the lowered values span [-255, 255].
 Only x86 builds compile this file, so only their cache key carries INT8_GEMM_PATCH_KEY.
 """
 from __future__ import annotations
@@ -38,9 +39,10 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 6  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+INT8_GEMM_PATCH_VERSION = 7  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
 # 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs;
-# 5: an even count of pairs (no kernel tail); 6: 16-row packed outputs stored column by column too
+# 5: an even count of pairs (no kernel tail); 6: 16-row packed outputs stored column by column too;
+# 7: 16 x 8 blocks in 512-bit registers on AVX-512 VNNI
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -156,6 +158,33 @@ static const ep_i16_kernels ep_i16[3] = {
     {"AVX-VNNI", ep_i16_cols_avxvnni, ep_i16_rows_avxvnni<8>, ep_i16_rows_avxvnni<4>, ep_i16_rows_avxvnni<1>},
     {"AVX-512 VNNI", ep_i16_cols_avx512vnni, ep_i16_rows_avx512vnni<8>, ep_i16_rows_avx512vnni<4>, ep_i16_rows_avx512vnni<1>},
 };
+
+// 16 rows (two A blocks of 8) times one 8-column block of B on AVX-512 VNNI, column by column in 512-bit
+// registers (twice the sums of an instruction of the 8-row kernels): out + j * 16 holds column j's 16
+// row sums, rows 0-7 from block a0 and 8-15 from a1; two register sets, as above
+__attribute__((target("avx512f,avx512vnni"))) static void ep_i16_cols16_avx512vnni(const short* a0, const short* a1, const short* b, int K2, int* out)
+{
+    __m512i acc[8], acc2[8];
+    for (int j = 0; j < 8; j++)
+        acc[j] = acc2[j] = _mm512_setzero_si512();
+    for (int q = 0; q < K2; q += 2)
+    {
+        const __m512i av = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(a0 + (size_t)q * 16))),
+                                              _mm256_loadu_si256((const __m256i*)(a1 + (size_t)q * 16)), 1);
+        const __m512i av2 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(a0 + (size_t)(q + 1) * 16))),
+                                               _mm256_loadu_si256((const __m256i*)(a1 + (size_t)(q + 1) * 16)), 1);
+        for (int j = 0; j < 8; j++)
+        {
+            int b2;
+            __builtin_memcpy(&b2, b + (size_t)q * 16 + j * 2, 4);
+            acc[j] = _mm512_dpwssd_epi32(acc[j], av, _mm512_set1_epi32(b2));
+            __builtin_memcpy(&b2, b + (size_t)(q + 1) * 16 + j * 2, 4);
+            acc2[j] = _mm512_dpwssd_epi32(acc2[j], av2, _mm512_set1_epi32(b2));
+        }
+    }
+    for (int j = 0; j < 8; j++)
+        _mm512_storeu_si512((void*)(out + j * 16), _mm512_add_epi32(acc[j], acc2[j]));
+}
 
 // Eight int32 sums as floats plus C (one per lane, or one for all: c_lanes null), to out: exact as in
 // the scalar loop (each sum rounded once, then the one addition)
@@ -274,10 +303,26 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     {
         const short* b = (const short*)ep_b.row<const unsigned char>(nb);
         const int cols = std::min(8, N - nb * 8);
-        int acc[8 * 8];
+        int acc[16 * 8];
         for (int m0 = 0; m0 < M; m0 += 8)
         {
             const int rows = std::min(8, M - m0);
+            if (ok && ep_isa == 2 && (oep == 8 || oep == 16) && m0 + 16 <= M && cols == 8)
+            {
+                // AVX-512 VNNI: two whole 8 x 8 blocks at once in 512-bit registers, stored as below
+                ep_i16_cols16_avx512vnni((const short*)a16.row<const unsigned char>(m0 / 8),
+                                         (const short*)a16.row<const unsigned char>(m0 / 8 + 1), b, K2, acc);
+                for (int h = 0; h < 16; h += 8)
+                {
+                    const int mh = m0 + h;
+                    float* out = (float*)((unsigned char*)top_blob.data + (size_t)(mh / oep) * top_hstep * top_blob.elemsize) + (size_t)nb * 8 * oep + mh % oep;
+                    for (int j = 0; j < 8; j++)
+                        ep_store8(acc + j * 16 + h, c_type == 1 || c_type == 2 ? c_data + mh : 0,
+                                  c_type == 0 ? c_data[0] : c_type == 4 ? c_data[nb * 8 + j] : 0.f, out + j * oep);
+                }
+                m0 += 8; // (and 8 more by the loop: 16 rows done)
+                continue;
+            }
             if (ok && (oep == 8 || oep == 16) && rows == 8 && cols == 8)
             {
                 // a whole 8 x 8 block of an output packed 8 or 16 rows to an element: column by column,
