@@ -129,3 +129,35 @@ def test_gru_patch_is_in_the_x86_library_only(monkeypatch):
     monkeypatch.setattr(library, "GRU_PATCH_KEY", library.GRU_PATCH_KEY + "-changed")
     assert library.library_key(matrix.get("arm64"), tc)[0] == arm_key
     assert library.library_key(matrix.get("x86_64"), tc)[0] != lib.key
+
+
+def test_one_direction_grus_match_onnxruntime_on_every_x86_cpu(tmp_path):
+    # unidirectional GRUs take gru_patch.py's kernel through the one-direction forward (the other call
+    # sites): two stacked, on every CPU model at 1e-4 of scale, 1 and 2 threads the same bits
+    import torch
+
+    from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru1 = torch.nn.GRU(K, H)
+            self.gru2 = torch.nn.GRU(H, H)
+
+        def forward(self, x):            # x [T, 1, K]
+            y1, _ = self.gru1(x)
+            y2, _ = self.gru2(y1)
+            return y2 + y1
+
+    torch.manual_seed(5)
+    net = Net().eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(2.0)
+    path = tmp_path / "gru1d.onnx"
+    torch.onnx.export(net, (torch.randn(T, 1, K),), str(path), input_names=["x"], output_names=["y"],
+                      opset_version=14, dynamo=False)
+    art = build_fp32_ncnn(path, tmp_path / "out")
+    assert "GRU" in json.loads((tmp_path / "out" / "gru1d-x86_64.json").read_text())["backend"]["layers"]
+    x = np.random.default_rng(8).standard_normal((T, 1, K)).astype(np.float32)
+    assert_matches_onnxruntime_on_every_cpu(path, art, x, tmp_path)
