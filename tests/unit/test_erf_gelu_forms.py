@@ -17,8 +17,10 @@ C = 8
 
 
 def gelu_model(scale_op: str = "Div", scale: float = math.sqrt(2.0), one: float = 1.0, half: bool = False,
-               reader: str = "Conv", mul_x: str = "x", extra_reader: bool = False) -> onnx.ModelProto:
-    """x [1, 8, 6, 6] -> x * (erf(x op scale) + one) [* 0.5] -> a Conv 1x1 (or a Relu) -> y."""
+               reader: str = "Conv", mul_x: str = "x", extra_reader: bool = False,
+               half_first: bool = False) -> onnx.ModelProto:
+    """x [1, 8, 6, 6] -> x * (erf(x op scale) + one) [* 0.5] -> a Conv 1x1 (or a Relu) -> y; half_first:
+    ((erf(x op scale) + one) * 0.5) * x."""
     rng = np.random.default_rng(7)
     inits = [numpy_helper.from_array(np.array(v, dtype=np.float32), n)
              for n, v in (("s", scale), ("one", one), ("half", 0.5))]
@@ -26,7 +28,11 @@ def gelu_model(scale_op: str = "Div", scale: float = math.sqrt(2.0), one: float 
     inits.append(numpy_helper.from_array(rng.standard_normal(C).astype(np.float32), "b"))
     nodes = [helper.make_node("Relu", ["x"], ["x2"]),  # another tensor, for a Mul that reads the wrong one
              helper.make_node(scale_op, ["x", "s"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
-             helper.make_node("Add", ["one", "e"], ["a"]), helper.make_node("Mul", ["a", mul_x], ["m"])]
+             helper.make_node("Add", ["one", "e"], ["a"])]
+    if half_first:
+        nodes += [helper.make_node("Mul", ["half", "a"], ["h"]), helper.make_node("Mul", [mul_x, "h"], ["m"])]
+    else:
+        nodes.append(helper.make_node("Mul", ["a", mul_x], ["m"]))
     g = "m"
     if half:
         nodes.append(helper.make_node("Mul", ["m", "half"], ["g"]))
@@ -62,6 +68,8 @@ def canonical_gelus(model: onnx.ModelProto) -> int:
     ({}, "Relu", "Mul"),                                        # 2 GELU(x) read by something else
     ({"scale_op": "Mul", "scale": 1 / math.sqrt(2.0)}, "Conv", "weights"),
     ({"half": True, "scale_op": "Mul", "scale": 1 / math.sqrt(2.0)}, "Relu", None),
+    ({"half_first": True}, "Relu", None),                       # smart-turn v3: 0.5 (1 + erf) first, then x
+    ({"half_first": True, "scale_op": "Mul", "scale": 1 / math.sqrt(2.0)}, "Conv", None),
 ])
 def test_gelus_are_written_in_the_form_pnnx_fuses(form, reader, doubled):
     model = gelu_model(reader=reader, **form)
@@ -86,6 +94,7 @@ def test_gelus_are_written_in_the_form_pnnx_fuses(form, reader, doubled):
     {"scale": 1.4},                 # not sqrt 2
     {"one": 2.0},                   # erf + 2
     {"mul_x": "x2"},                # multiplies another tensor than the erf's
+    {"half_first": True, "mul_x": "x2"},  # the same, the half first
     {"extra_reader": True},         # x / sqrt 2 is read elsewhere too
     {"half": True},                 # the full GELU with x / sqrt 2: pnnx fuses it as it is
 ])

@@ -10,8 +10,9 @@ multiplication, plus a Split to keep x alive) where one in-place GELU would do. 
 The rewrite writes each match in Paddle's form again, GELU(x), and puts the factor 2 back where
 onnxsim took the 0.5 from: into the weights of the Convs that read it (2 W is exact in binary floating
 point, fp16 included), or, where something else reads it, as a Mul by 2. Also matched: x * (1/sqrt 2)
-instead of x / sqrt 2 (pnnx fuses neither the half nor the full GELU written so) and either operand
-order of the Add and Muls.
+instead of x / sqrt 2 (pnnx fuses neither the half nor the full GELU written so), either operand
+order of the Add and Muls, and the half taken before the x, 0.5 * (1 + erf(x / sqrt 2)) * x (smart-turn
+v3's eight GELUs: five layers and a Split each, where one GELU layer does).
 """
 from __future__ import annotations
 
@@ -65,6 +66,13 @@ def _match(gr, erf):
     if add is None or add.op_type != "Add" or not _near(_scalar(gr, _other(add, erf.output[0]) or ""), 1.0):
         return None
     mul = _only_consumer(gr, add.output[0])
+    if mul is not None and mul.op_type == "Mul" and _near(_scalar(gr, _other(mul, add.output[0]) or ""), 0.5):
+        # the half before the x: 0.5 (1 + erf) then x (smart-turn's quantised Whisper encoder), the same
+        # bits as Paddle's order (a half is exact either way), which pnnx does not fuse
+        by_x = _only_consumer(gr, mul.output[0])
+        if by_x is None or by_x.op_type != "Mul" or _other(by_x, mul.output[0]) != x:
+            return None
+        return x, [scaled, erf, add, mul, by_x], by_x.output[0], 1
     if mul is None or mul.op_type != "Mul" or _other(mul, add.output[0]) != x:
         return None
     nodes = [scaled, erf, add, mul]
