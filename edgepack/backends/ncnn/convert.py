@@ -342,9 +342,9 @@ def _run_python_ncnn(model, param, binf, in_blobs, in_batch, out_blobs, out_batc
     got, fed = {}, []
     with net.create_extractor() as ex:
         for spec, blob, b in zip(model.inputs, in_blobs, in_batch):
-            arr = np.ascontiguousarray(inputs[spec.name], dtype=np.float32)
-            if spec.dtype in INTEGER_IDS:  # Embed reads int32 words (the engine writes them the same way)
-                arr = np.ascontiguousarray(inputs[spec.name], dtype=np.int32).view(np.float32)
+            # integer ids: Embed reads int32 words (the engine writes them the same way)
+            dtype = np.int32 if spec.dtype in INTEGER_IDS else np.float32
+            arr = np.ascontiguousarray(inputs[spec.name], dtype=dtype).view(np.float32)
             # the arrays and Mats stay referenced until the extractor is done with them
             fed.append(np.ascontiguousarray(arr if b == "none" else np.take(arr, 0, axis=int(b))))
             fed.append(ncnn.Mat(fed[-1]).clone())

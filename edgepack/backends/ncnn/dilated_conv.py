@@ -125,11 +125,8 @@ def _pool_after(gr, node):
     ``node``'s output, else None: pooling the uncropped rows gives the cropped rows' windows first
     (a window lies wholly inside the crop or starts after the windows the crop keeps)."""
     from .rewrite import _attr
-    readers = gr.consumers.get(node.output[0], [])
-    if len(readers) != 1 or node.output[0] in gr.outputs:
-        return None
-    pool = readers[0]
-    if pool.op_type not in ("MaxPool", "AveragePool") or len([o for o in pool.output if o]) != 1:
+    pool = gr.only_reader(node.output[0])
+    if pool is None or pool.op_type not in ("MaxPool", "AveragePool") or len([o for o in pool.output if o]) != 1:
         return None
     kernel = _attr(pool, "kernel_shape")
     if kernel is None or len(kernel) != 2 or _attr(pool, "ceil_mode", 0) or _attr(pool, "storage_order", 0):
@@ -143,10 +140,9 @@ def _pool_after(gr, node):
 
 def _activation_after(gr, node):
     """The element-wise activation that is the only reader of ``node``'s output, else None."""
-    readers = gr.consumers.get(node.output[0], [])
-    if len(readers) != 1 or node.output[0] in gr.outputs:
+    act = gr.only_reader(node.output[0])
+    if act is None:
         return None
-    act = readers[0]
     initializers = {i.name for i in gr.g.initializer}  # (a Constant node might come after the Conv)
     if act.op_type not in ACTIVATIONS or any(x and x not in initializers for x in act.input[1:]):
         return None

@@ -43,15 +43,10 @@ def _other(node, name: str) -> str | None:
     return node.input[1] if node.input[0] == name else node.input[0]
 
 
-def _only_consumer(gr, name: str):
-    users = gr.consumers.get(name, [])
-    return users[0] if len(users) == 1 and name not in gr.outputs else None
-
-
 def _match(gr, erf):
     """(x, the nodes that make GELU or 2 GELU of x, the name that holds it, factor 1 or 2), else None."""
     scaled = gr.producer.get(erf.input[0])
-    if scaled is None or len(scaled.input) != 2 or _only_consumer(gr, scaled.output[0]) is not erf:
+    if scaled is None or len(scaled.input) != 2 or gr.only_reader(scaled.output[0]) is not erf:
         return None
     if scaled.op_type == "Div" and _near(_scalar(gr, scaled.input[1]), SQRT2):
         x = scaled.input[0]
@@ -62,21 +57,21 @@ def _match(gr, erf):
         x = _other(scaled, consts[0])
     else:
         return None
-    add = _only_consumer(gr, erf.output[0])
+    add = gr.only_reader(erf.output[0])
     if add is None or add.op_type != "Add" or not _near(_scalar(gr, _other(add, erf.output[0]) or ""), 1.0):
         return None
-    mul = _only_consumer(gr, add.output[0])
+    mul = gr.only_reader(add.output[0])
     if mul is not None and mul.op_type == "Mul" and _near(_scalar(gr, _other(mul, add.output[0]) or ""), 0.5):
         # the half before the x: 0.5 (1 + erf) then x (smart-turn's quantised Whisper encoder), the same
         # bits as Paddle's order (a half is exact either way), which pnnx does not fuse
-        by_x = _only_consumer(gr, mul.output[0])
+        by_x = gr.only_reader(mul.output[0])
         if by_x is None or by_x.op_type != "Mul" or _other(by_x, mul.output[0]) != x:
             return None
         return x, [scaled, erf, add, mul, by_x], by_x.output[0], 1
     if mul is None or mul.op_type != "Mul" or _other(mul, add.output[0]) != x:
         return None
     nodes = [scaled, erf, add, mul]
-    half = _only_consumer(gr, mul.output[0])
+    half = gr.only_reader(mul.output[0])
     if half is not None and half.op_type == "Mul" and _near(_scalar(gr, _other(half, mul.output[0]) or ""), 0.5):
         # with x / sqrt 2, pnnx fuses it already
         return None if scaled.op_type == "Div" else (x, nodes + [half], half.output[0], 1)

@@ -37,7 +37,8 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-GRU_PATCH_VERSION = 3  # part of the x86 libncnn cache key (library.py); 2: ep_gru_fma; 3: its gates in 8 lanes
+GRU_PATCH_VERSION = 4  # part of the x86 libncnn cache key (library.py); 2: ep_gru_fma; 3: its gates in 8 lanes;
+# 4: one small-step rule for both of its uses (same code)
 
 _BOTH_DIRECTIONS = r'''// edgepack (gru_patch.py): the two directions of a bidirectional GRU at once, one thread each. A step
 // split between threads costs two hand-overs per step, more than a small step computes; on 2 threads
@@ -46,8 +47,7 @@ static int ep_gru_both_directions(const Mat& bottom_blob, Mat& top_forward, Mat&
 {
     const int size = bottom_blob.w;
     const int num_output = top_forward.w;
-    const bool small_steps = 3L * num_output * (size + num_output) < (1L << 18);
-    if (opt.num_threads < 2 || (opt.num_threads > 2 && !small_steps))
+    if (opt.num_threads < 2 || (opt.num_threads > 2 && !ep_gru_small_step(size, num_output)))
     {
         Mat hidden0 = hidden.row_range(0, 1);
         int ret = gru(bottom_blob, top_forward, 0, weight_xc.channel(0), bias_c.channel(0), weight_hc.channel(0), hidden0, opt, ep_direction(packed, 0));
@@ -85,7 +85,14 @@ _GRU_SIGNATURE = ("static int gru(const Mat& bottom_blob, Mat& top_blob, int rev
 # the packed weights (empty where ep_gru_fma is not taken) as a last argument, given by the forwards
 _GRU_SIGNATURE_NEW = _GRU_SIGNATURE.replace("const Option& opt)", "const Option& opt, const Mat& ep_packed = Mat())")
 
-_FMA_KERNEL = r'''#if EP_GRU_FMA
+_FMA_KERNEL = r'''// edgepack (gru_patch.py): whether a step of a direction (3H gate rows over size + H inputs) holds under
+// 256k multiply-adds: too little to split between threads, which cost two hand-overs a step
+static bool ep_gru_small_step(int size, int H)
+{
+    return 3L * H * (size + H) < (1L << 18);
+}
+
+#if EP_GRU_FMA
 // edgepack (gru_patch.py): one direction of a GRU on an AVX2 + FMA CPU. Its weights packed once
 // (GRU::create_pipeline): gate rows c of 3 * H (R, U, N of each unit) padded to P, a multiple of 64, as
 // rows of P floats: W_x transposed (size rows), W_h transposed (H rows), then (b_R, b_U, b_WN).
@@ -275,7 +282,7 @@ static int ep_gru_fma(const Mat& bottom_blob, Mat& top_blob, int reverse, const 
 
 _FMA_DISPATCH = """#if EP_GRU_FMA
     // edgepack (gru_patch.py): AVX2 + FMA, where the direction runs on one thread or its step is small
-    if (!ep_packed.empty() && (opt.num_threads == 1 || 3L * top_blob.w * (bottom_blob.w + top_blob.w) < (1L << 18)))
+    if (!ep_packed.empty() && (opt.num_threads == 1 || ep_gru_small_step(bottom_blob.w, top_blob.w)))
         return ep_gru_fma(bottom_blob, top_blob, reverse, ep_packed, bias_c, hidden_state, opt);
 #endif
 """

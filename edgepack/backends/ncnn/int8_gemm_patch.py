@@ -39,10 +39,10 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 7  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+INT8_GEMM_PATCH_VERSION = 8  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
 # 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs;
 # 5: an even count of pairs (no kernel tail); 6: 16-row packed outputs stored column by column too;
-# 7: 16 x 8 blocks in 512-bit registers on AVX-512 VNNI
+# 7: 16 x 8 blocks in 512-bit registers on AVX-512 VNNI; 8: one store of column blocks for both (same code)
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -304,34 +304,32 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
         const short* b = (const short*)ep_b.row<const unsigned char>(nb);
         const int cols = std::min(8, N - nb * 8);
         int acc[16 * 8];
+        // the 8 column sums of rows m..m+7 (column j's at sums + j * stride) into an output packed 8 or 16
+        // rows to an element: each column's 8 row sums one vector store (half of a 16-row element's lanes)
+        auto store_cols = [&](const int* sums, int stride, int m) {
+            float* out = (float*)((unsigned char*)top_blob.data + (size_t)(m / oep) * top_hstep * top_blob.elemsize) + (size_t)nb * 8 * oep + m % oep;
+            for (int j = 0; j < 8; j++)
+                ep_store8(sums + j * stride, c_type == 1 || c_type == 2 ? c_data + m : 0,
+                          c_type == 0 ? c_data[0] : c_type == 4 ? c_data[nb * 8 + j] : 0.f, out + j * oep);
+        };
         for (int m0 = 0; m0 < M; m0 += 8)
         {
             const int rows = std::min(8, M - m0);
             if (ok && ep_isa == 2 && (oep == 8 || oep == 16) && m0 + 16 <= M && cols == 8)
             {
-                // AVX-512 VNNI: two whole 8 x 8 blocks at once in 512-bit registers, stored as below
+                // AVX-512 VNNI: two whole 8 x 8 blocks at once in 512-bit registers
                 ep_i16_cols16_avx512vnni((const short*)a16.row<const unsigned char>(m0 / 8),
                                          (const short*)a16.row<const unsigned char>(m0 / 8 + 1), b, K2, acc);
-                for (int h = 0; h < 16; h += 8)
-                {
-                    const int mh = m0 + h;
-                    float* out = (float*)((unsigned char*)top_blob.data + (size_t)(mh / oep) * top_hstep * top_blob.elemsize) + (size_t)nb * 8 * oep + mh % oep;
-                    for (int j = 0; j < 8; j++)
-                        ep_store8(acc + j * 16 + h, c_type == 1 || c_type == 2 ? c_data + mh : 0,
-                                  c_type == 0 ? c_data[0] : c_type == 4 ? c_data[nb * 8 + j] : 0.f, out + j * oep);
-                }
+                store_cols(acc, 16, m0);
+                store_cols(acc + 8, 16, m0 + 8);
                 m0 += 8; // (and 8 more by the loop: 16 rows done)
                 continue;
             }
             if (ok && (oep == 8 || oep == 16) && rows == 8 && cols == 8)
             {
-                // a whole 8 x 8 block of an output packed 8 or 16 rows to an element: column by column,
-                // each column's 8 row sums one vector store (half of a 16-row element's lanes)
+                // a whole 8 x 8 block, column by column
                 kernels.cols((const short*)a16.row<const unsigned char>(m0 / 8), b, K2, acc);
-                float* out = (float*)((unsigned char*)top_blob.data + (size_t)(m0 / oep) * top_hstep * top_blob.elemsize) + (size_t)nb * 8 * oep + m0 % oep;
-                for (int j = 0; j < 8; j++)
-                    ep_store8(acc + j * 8, c_type == 1 || c_type == 2 ? c_data + m0 : 0,
-                              c_type == 0 ? c_data[0] : c_type == 4 ? c_data[nb * 8 + j] : 0.f, out + j * oep);
+                store_cols(acc, 8, m0);
                 continue;
             }
             if (ok)

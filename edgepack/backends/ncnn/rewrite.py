@@ -61,6 +61,11 @@ class _Graph:
         arr = self.consts.get(name)
         return None if arr is None else [int(v) for v in np.asarray(arr).reshape(-1)]
 
+    def only_reader(self, name: str):
+        """The one node that reads ``name``, when nothing else does and it is not a graph output; else None."""
+        users = self.consumers.get(name, [])
+        return users[0] if len(users) == 1 and name not in self.outputs else None
+
     def fresh(self, base: str) -> str:
         self._uid += 1
         return f"{base}__ep{self._uid}"
