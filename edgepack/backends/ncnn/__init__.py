@@ -12,6 +12,7 @@ from ...reference import POLICY
 from ...resources import runtimes_dir
 from .convert import PNNX_VERSION, convert, pnnx_executable
 from .dedup import deduped
+from .fake_quant_patch import fold_fake_quant
 from .library import build_library
 from .ops import CONVERSION_DECIDES, SUPPORTED
 from .prune import pruned_layer_object
@@ -61,9 +62,18 @@ class NcnnBackend:
         rung = req.precision if req.precision in RUNGS else self.precision_ladder(req.target, req.precision)[0]
         weights = "fp32" if rung == "fp32" else "fp16"
         converted = convert(req.model, weights, log=req.log)
+        param, folds = converted.param, 0
+        if req.target.arch == "x86_64":
+            # the chains stock ncnn (the conversion check) runs as four layers, one Clip in edgepack's x86 library
+            text, folds = fold_fake_quant(converted.param.read_text(), converted.output_blobs)
+            if folds:
+                req.workdir.mkdir(parents=True, exist_ok=True)
+                param = req.workdir / f"model-{converted.key}.x86.param"  # one per conversion (rungs share workdir)
+                param.write_text(text)
+                req.log(f"fake quantisation: {folds} divide-round-clip chains run as one pass each")
         # a weight pnnx wrote once per layer using it is embedded once (model_blobs[2] maps it back)
         dedup = deduped(converted.bin)
-        blobs = (converted.param, dedup.weights, dedup.segment_map) if dedup else (converted.param, converted.bin)
+        blobs = (param, dedup.weights, dedup.segment_map) if dedup else (param, converted.bin)
         if dedup:
             req.log(f"weights stored once each: {dedup.logical_bytes / 1e6:.1f} MB -> {dedup.stored_bytes / 1e6:.1f} MB")
         lib = build_library(req.target, req.toolchain, log=req.log)
@@ -93,6 +103,7 @@ class NcnnBackend:
                       # lowered dynamic int8: Winograd off on every convolution (exact integer sums)
                       "exact_integer_convolutions": sums_integers(req.model.proto),
                       "onnx_rewrites": list(converted.rewrites),
+                      "fake_quant_folds": folds,
                       "weights_dedup": dedup.manifest() if dedup else None},
             weight_bytes=sum(p.stat().st_size for p in blobs[1:]),  # embedded: stored bytes (+ map)
         )

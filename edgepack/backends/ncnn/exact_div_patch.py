@@ -25,7 +25,7 @@ from .source_patch import apply_file_edits, file_edits_key
 
 EXACT_DIV_PATCH_VERSION = 1
 
-_MACRO = r'''
+EXACT_DIV_MACRO = r'''
 // edgepack (exact_div_patch.py): divide as IEEE division does, even under -ffast-math (no reciprocal)
 #ifndef EP_EXACT_DIV
 #if defined(__clang__)
@@ -49,16 +49,16 @@ def _x86_returns() -> tuple:
     return tuple(edits)
 
 
-_X86_EDITS = (("the macro, before the first functor", "struct binary_op_add\n{", _MACRO + "\nstruct binary_op_add\n{", 1),
+_X86_EDITS = (("the macro, before the first functor", "struct binary_op_add\n{", EXACT_DIV_MACRO + "\nstruct binary_op_add\n{", 1),
               ) + _x86_returns()
 
 _GENERIC_EDITS = (
-    ("the macro, after the include", '#include "binaryop.h"\n', '#include "binaryop.h"\n' + _MACRO, 1),
+    ("the macro, after the include", '#include "binaryop.h"\n', '#include "binaryop.h"\n' + EXACT_DIV_MACRO, 1),
     ("the scalar x / y", "        return x / y;\n", "        EP_EXACT_DIV\n        return x / y;\n", 1),
     ("the scalar y / x", "        return y / x;\n", "        EP_EXACT_DIV\n        return y / x;\n", 1),
 )
 
-_ARM_HELPERS = _MACRO + r'''
+_ARM_HELPERS = EXACT_DIV_MACRO + r'''
 static inline float ep_exact_div(float x, float y)
 {
     EP_EXACT_DIV

@@ -28,6 +28,7 @@ from .batch_reshape_patch import BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
 from .dw_block_patch import DW_BLOCK_ARM_PATCH_KEY, DW_BLOCK_PATCH_KEY, patch_dw_block, patch_dw_block_arm
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
+from .fake_quant_patch import FAKE_QUANT_PATCH_KEY, patch_fake_quant
 from .fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights
 from .gelu_erf_patch import GELU_ERF_PATCH_KEY, patch_gelu_erf
 from .gemm_pair_patch import GEMM_PAIR_PATCH_KEY, patch_gemm_pair
@@ -67,7 +68,8 @@ def _arch_patches(target: Target) -> tuple:
         ("shared_weights_patch", SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights),
         ("fp16_weights_patch", FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights),
         ("int8_gemm_patch", INT8_GEMM_PATCH_KEY, patch_int8_gemm),
-        ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block), ("gelu_erf_patch", GELU_ERF_PATCH_KEY, patch_gelu_erf))
+        ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block), ("gelu_erf_patch", GELU_ERF_PATCH_KEY, patch_gelu_erf),
+        ("fake_quant_patch", FAKE_QUANT_PATCH_KEY, patch_fake_quant))
 
 
 BASE_OPTIONS = {

@@ -1,0 +1,303 @@
+"""Static int8's fake quantisation in one pass: divide, round, clip, multiply (x86).
+
+quantized_qdq.py lowers each QuantizeLinear -> DequantizeLinear pair on an activation to float ops,
+and pnnx writes them as four layers: BinaryOp (x / s), UnaryOp round (half to even), Clip (the integer
+range) and BinaryOp (* s). Each is a pass over the tensor: on smart_turn_v3 (a QDQ transformer)
+those passes were ~23% of its time after the integer GEMMs were made fast (2026-12-05 profile:
+binary_op_vector 15%, Clip 4%, round 4%).
+
+``fold_fake_quant`` rewrites such a chain in the .param (after the ncnn wheel's conversion check,
+which runs stock ncnn) into one Clip line carrying the other steps as parameters: 20=s (divide
+first), 21=1 (round half to even), 22=m (multiply last). The chain's own order is kept, so the result
+is the same bits as the four layers on every x86 CPU: the division is IEEE division (the same
+`float_control(precise)` trick as exact_div_patch.py, so -ffast-math makes no reciprocal of it), the
+rounding the same instruction ncnn's UnaryOp uses on that CPU, then the Clip's max/min, then one
+multiply. A link of the chain is folded only where the next layer is its blob's one reader and the
+blob is not an output the runtime extracts.
+
+Only x86 libraries carry the Clip edit, so only x86_64 builds take the folded .param; Arm builds keep
+the four layers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .exact_div_patch import EXACT_DIV_MACRO
+from .source_patch import apply_file_edits, file_edits_key
+
+FAKE_QUANT_PATCH_VERSION = 1
+DIV_KEY, ROUND_KEY, MUL_KEY = 20, 21, 22   # Clip param keys (ncnn's Clip reads 0-1; the Layer base 30-31)
+
+_H_OLD = """    virtual int forward_inplace(Mat& bottom_top_blob, const Option& opt) const;
+
+protected:
+"""
+_H_NEW = """    virtual int load_param(const ParamDict& pd);
+
+    virtual int forward_inplace(Mat& bottom_top_blob, const Option& opt) const;
+
+public:
+    // edgepack (fake_quant_patch.py): a fake-quantisation chain folded into this Clip
+    float ep_div;  // 20: divide by this first (0: no division)
+    int ep_round;  // 21: 1: round half to even after the division
+    float ep_mul;  // 22: multiply by this last (1: no multiplication)
+
+protected:
+    int ep_forward_fake_quant(Mat& bottom_top_blob, const Option& opt) const;
+"""
+
+_CPP_ANCHOR = "Clip_x86::Clip_x86()\n{\n"
+_CPP_HELPERS = (r'''// ---- edgepack (fake_quant_patch.py) ----
+// Division as IEEE division, even under -ffast-math: EP_EXACT_DIV (exact_div_patch.py's, for the
+// BinaryOp division this replaces) keeps one expression free of fast-math flags, so no reciprocal is
+// hoisted out of the loop. T: float, __m128, __m256 or __m512.'''
+                + EXACT_DIV_MACRO + r'''
+namespace {
+
+template<typename T>
+static inline T ep_fq_div(T x, T y)
+{
+    EP_EXACT_DIV
+    return x / y;
+}
+
+#if __SSE2__
+// UnaryOp round's instruction on this CPU (unaryop_functor.h): roundps with SSE4.1, else a round
+// trip through int32 in the default rounding mode (half to even); values of 2^23 or more are
+// integers already and stay as they are (the int32 trip would overflow them)
+static inline __m128 ep_fq_round(__m128 x)
+{
+#if __SSE4_1__
+    return _mm_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    const __m128 big = _mm_cmpge_ps(_mm_andnot_ps(_mm_set1_ps(-0.f), x), _mm_set1_ps(8388608.f));
+    const __m128 r = _mm_cvtepi32_ps(_mm_cvtps_epi32(x));
+    return _mm_or_ps(_mm_and_ps(big, x), _mm_andnot_ps(big, r));
+#endif
+}
+#endif // __SSE2__
+
+} // namespace
+
+int Clip_x86::load_param(const ParamDict& pd)
+{
+    int ret = Clip::load_param(pd);
+    ep_div = pd.get(20, 0.f);
+    ep_round = pd.get(21, 0);
+    ep_mul = pd.get(22, 1.f);
+#if NCNN_BF16
+    if (ep_div != 0.f || ep_round || ep_mul != 1.f)
+        support_bf16_storage = false; // the fused steps are written for fp32 blobs
+#endif
+    return ret;
+}
+
+// The chain's steps in its own order (divide, round, clip as Clip does, multiply): the same bits as
+// the BinaryOp, UnaryOp, Clip and BinaryOp layers it replaces
+int Clip_x86::ep_forward_fake_quant(Mat& bottom_top_blob, const Option& opt) const
+{
+    const int channels = bottom_top_blob.c;
+    const int size = bottom_top_blob.w * bottom_top_blob.h * bottom_top_blob.d * bottom_top_blob.elempack;
+    const bool div = ep_div != 0.f;
+    const bool rnd = ep_round != 0;
+    const bool mul = ep_mul != 1.f;
+
+    #pragma omp parallel for num_threads(opt.num_threads)
+    for (int q = 0; q < channels; q++)
+    {
+        float* ptr = bottom_top_blob.channel(q);
+        int i = 0;
+#if __AVX512F__
+        const __m512 d16 = _mm512_set1_ps(ep_div);
+        const __m512 lo16 = _mm512_set1_ps(min);
+        const __m512 hi16 = _mm512_set1_ps(max);
+        const __m512 m16 = _mm512_set1_ps(ep_mul);
+        for (; i < size; i += 16)
+        {
+            const __mmask16 k = size - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (size - i)) - 1);
+            __m512 p = _mm512_maskz_loadu_ps(k, ptr + i);
+            if (div)
+                p = ep_fq_div(p, d16);
+            if (rnd)
+                p = _mm512_roundscale_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            p = _mm512_min_ps(_mm512_max_ps(p, lo16), hi16);
+            if (mul)
+                p = _mm512_mul_ps(p, m16);
+            _mm512_mask_storeu_ps(ptr + i, k, p);
+        }
+#else // __AVX512F__
+#if __AVX__
+        const __m256 d8 = _mm256_set1_ps(ep_div);
+        const __m256 lo8 = _mm256_set1_ps(min);
+        const __m256 hi8 = _mm256_set1_ps(max);
+        const __m256 m8 = _mm256_set1_ps(ep_mul);
+        for (; i + 7 < size; i += 8)
+        {
+            __m256 p = _mm256_loadu_ps(ptr + i);
+            if (div)
+                p = ep_fq_div(p, d8);
+            if (rnd)
+                p = _mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            p = _mm256_min_ps(_mm256_max_ps(p, lo8), hi8);
+            if (mul)
+                p = _mm256_mul_ps(p, m8);
+            _mm256_storeu_ps(ptr + i, p);
+        }
+#endif // __AVX__
+#if __SSE2__
+        const __m128 d4 = _mm_set1_ps(ep_div);
+        const __m128 lo4 = _mm_set1_ps(min);
+        const __m128 hi4 = _mm_set1_ps(max);
+        const __m128 m4 = _mm_set1_ps(ep_mul);
+        for (; i + 3 < size; i += 4)
+        {
+            __m128 p = _mm_loadu_ps(ptr + i);
+            if (div)
+                p = ep_fq_div(p, d4);
+            if (rnd)
+                p = ep_fq_round(p);
+            p = _mm_min_ps(_mm_max_ps(p, lo4), hi4);
+            if (mul)
+                p = _mm_mul_ps(p, m4);
+            _mm_storeu_ps(ptr + i, p);
+        }
+#endif // __SSE2__
+        for (; i < size; i++)
+        {
+            float v = ptr[i];
+            if (div)
+                v = ep_fq_div(v, ep_div);
+            if (rnd)
+                v = nearbyintf(v);
+            if (v < min)
+                v = min;
+            if (v > max)
+                v = max;
+            ptr[i] = mul ? v * ep_mul : v;
+        }
+#endif // __AVX512F__
+    }
+
+    return 0;
+}
+// ---- end edgepack ----
+
+''')
+
+_FWD_OLD = """        return forward_inplace_bf16s(bottom_top_blob, opt);
+#endif
+
+    const int w = bottom_top_blob.w;
+"""
+_FWD_NEW = """        return forward_inplace_bf16s(bottom_top_blob, opt);
+#endif
+
+    if (ep_div != 0.f || ep_round || ep_mul != 1.f)
+        return ep_forward_fake_quant(bottom_top_blob, opt);
+
+    const int w = bottom_top_blob.w;
+"""
+
+_FILE_EDITS = (
+    ("src/layer/x86/clip_x86.h", (("Clip_x86's members", _H_OLD, _H_NEW, 1),)),
+    ("src/layer/x86/clip_x86.cpp", (
+        ("the fused pass, before the constructor", _CPP_ANCHOR, _CPP_HELPERS + _CPP_ANCHOR, 1),
+        ("forward_inplace's dispatch", _FWD_OLD, _FWD_NEW, 1),
+    )),
+)
+
+FAKE_QUANT_PATCH_KEY = file_edits_key(FAKE_QUANT_PATCH_VERSION, _FILE_EDITS)
+
+
+def patch_fake_quant(src: Path) -> None:
+    """Apply the edits to an unpacked ncnn source tree, in place (x86 builds)."""
+    apply_file_edits(src, _FILE_EDITS, "fake_quant_patch.py")
+
+
+# ---- the .param side ----
+
+def _is_float(text: str) -> bool:
+    """Whether ncnn's ParamDict reads this value as a float (it does for a '.', 'e' or 'E' in it),
+    and it is a finite number."""
+    if not any(c in text for c in ".eE"):
+        return False
+    try:
+        v = float(text)
+    except ValueError:
+        return False
+    return v == v and abs(v) != float("inf")
+
+
+class _Line:
+    """One layer line of a .param: type, name, bottoms, tops and its key=value fields."""
+
+    def __init__(self, text: str):
+        t = text.split()
+        self.text = text
+        self.type, self.name = t[0], t[1]
+        n_in, n_out = int(t[2]), int(t[3])
+        self.bottoms = t[4:4 + n_in]
+        self.tops = t[4 + n_in:4 + n_in + n_out]
+        self.fields = dict(kv.split("=", 1) for kv in t[4 + n_in + n_out:] if "=" in kv)
+
+    def one_to_one(self) -> bool:
+        return len(self.bottoms) == 1 and len(self.tops) == 1
+
+
+def _scalar_op(line: _Line, op: str) -> str | None:
+    """The scalar of a `BinaryOp x <op> scalar` line (op "3" divide, "2" multiply), else None."""
+    f = line.fields
+    if line.type != "BinaryOp" or not line.one_to_one() or set(f) != {"0", "1", "2"}:
+        return None
+    return f["2"] if f["0"] == op and f["1"] == "1" and _is_float(f["2"]) and float(f["2"]) != 0.0 else None
+
+
+def fold_fake_quant(param_text: str, outputs: tuple[str, ...] = ()) -> tuple[str, int]:
+    """The .param with every `x / s -> round -> clip [-> * m]` chain written as one Clip line (keys 20,
+    21, 22), and how many chains were folded. ``outputs`` are blobs the runtime extracts: never folded
+    away. Lines and blobs not in a chain are kept as they are."""
+    lines = param_text.strip().splitlines()
+    if len(lines) < 2:
+        return param_text, 0
+    layers = [_Line(s) for s in lines[2:] if s.strip()]
+    readers: dict[str, list[int]] = {}
+    for i, layer in enumerate(layers):
+        for b in layer.bottoms:
+            readers.setdefault(b, []).append(i)
+
+    def next_of(i: int) -> _Line | None:
+        """The one layer that reads layer i's one output, where no one else (and no extraction) does."""
+        top = layers[i].tops[0]
+        r = readers.get(top, [])
+        return layers[r[0]] if len(r) == 1 and top not in outputs else None
+
+    index = {id(layer): i for i, layer in enumerate(layers)}
+    drop: set[int] = set()
+    replace: dict[int, str] = {}
+    for i, div in enumerate(layers):
+        s = _scalar_op(div, "3")
+        if s is None or i in drop:
+            continue
+        rnd = next_of(i)
+        if rnd is None or rnd.type != "UnaryOp" or not rnd.one_to_one() or rnd.fields != {"0": "18"}:
+            continue
+        clip = next_of(index[id(rnd)])
+        if (clip is None or clip.type != "Clip" or not clip.one_to_one() or set(clip.fields) != {"0", "1"}
+                or not all(_is_float(clip.fields[k]) for k in ("0", "1"))):
+            continue
+        chain = [div, rnd, clip]
+        fields = f"0={clip.fields['0']} 1={clip.fields['1']} {DIV_KEY}={s} {ROUND_KEY}=1"
+        mul = next_of(index[id(clip)])
+        m = _scalar_op(mul, "2") if mul is not None else None
+        if m is not None:
+            chain.append(mul)
+            fields += f" {MUL_KEY}={m}"
+        replace[i] = f"{'Clip':<24} {clip.name:<24} 1 1 {div.bottoms[0]} {chain[-1].tops[0]} {fields}"
+        drop.update(index[id(c)] for c in chain[1:])
+    if not replace:
+        return param_text, 0
+    out = [replace.get(i, layer.text) for i, layer in enumerate(layers) if i not in drop]
+    n_layers, n_blobs = (int(v) for v in lines[1].split())
+    # each dropped layer took one intermediate blob with it
+    header = f"{n_layers - len(drop)} {n_blobs - len(drop)}"
+    return "\n".join([lines[0], header] + out) + "\n", len(replace)
