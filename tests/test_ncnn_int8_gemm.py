@@ -6,11 +6,14 @@ The model has two heads on one M x 301 input, M = 20 (packed 4 rows a pack: A co
 sums stored one float at a time), 21 (not packed: whole 8-column blocks stored as vectors row by row) or
 48 (packed 8 rows a pack, 16 on AVX-512: A converted eight rows at once, vectorised, and whole 8 x 8
 blocks summed and stored column by column, into half a 16-row pack on AVX-512): a
-quantised MatMul to 1001 columns with uint8 weights and a bias (N not a multiple of 8: a part block),
+quantised MatMul to 1001 columns with uint8 weights (less their zero point: wider than int8) or int8
+weights (zero point 0: they fit int8) and a bias (N not a multiple of 8: a part block),
 and a float MatMul whose weights are small integers but whose input is not, which the conversion marks
 too (it marks every Gemm of constant B in a lowered graph) and which must fall back to fp32 sums.
 On AVX2 CPUs (natively, capped with EDGEPACK_NCNN_OPTIONS=isa=avx2, and qemu's Haswell) the library says
-both layers took int16 pairs and the second fell back; on SSE CPUs (capped with isa=sse, qemu's Nehalem)
+both layers took integer sums — uint8 x int8 quads (vpdpbusd, A shifted into [0, 255] and the shift's
+share taken back through B's column sums) where B fits int8 and the CPU has VNNI, int16 pairs elsewhere —
+and the second fell back; on SSE CPUs (capped with isa=sse, qemu's Nehalem)
 neither is taken and ncnn's fp32 Gemm runs. The quantised head's outputs are the same bits on every CPU
 and thread count: its integer sums are exact either way."""
 from __future__ import annotations
@@ -37,26 +40,31 @@ def _host_flags() -> set[str]:
     return set(flags.partition(":")[2].split())
 
 
-def _expected_mode(cpu: str) -> str | None:
-    """Which integer kernel the library should pick on `cpu`, None for ncnn's fp32 Gemm: vpdpwssd where the
-    CPU has AVX-512 VNNI (a cap to AVX2 removes it) or AVX-VNNI (a cap to AVX2 keeps it: Alder Lake's
-    kind), vpmaddwd on other AVX2 CPUs."""
+def _expected_mode(cpu: str, fits_int8: bool) -> str | None:
+    """Which integer kernel the library should pick on `cpu` for a B whose values do or do not all fit
+    int8, None for ncnn's fp32 Gemm: on CPUs with AVX-512 VNNI (a cap to AVX2 removes it) or AVX-VNNI (a
+    cap to AVX2 keeps it: Alder Lake's kind) vpdpbusd (uint8 x int8) where B fits int8, else vpdpwssd
+    (int16 pairs); vpmaddwd on other AVX2 CPUs."""
     flags = _host_flags()
     if cpu == "Haswell-noTSX" or cpu in ("native", "native isa=avx2") and "avx2" in flags:
+        isa = "AVX2"
         if cpu == "native" and "avx512_vnni" in flags:
-            return "int16 pairs, AVX-512 VNNI"
-        if cpu.startswith("native") and "avx_vnni" in flags:
-            return "int16 pairs, AVX-VNNI"
-        return "int16 pairs, AVX2"
+            isa = "AVX-512 VNNI"
+        elif cpu.startswith("native") and "avx_vnni" in flags:
+            isa = "AVX-VNNI"
+        return f"{'uint8 x int8' if fits_int8 and isa != 'AVX2' else 'int16 pairs'}, {isa}"
     return None   # "native isa=sse", Nehalem
 
 
-@pytest.fixture(scope="module", params=[20, 21, 48])
-def int8_model(request, tmp_path_factory) -> tuple[Path, int]:
+# (M, weights): uint8 weights less their zero point span more than int8 (int16 pairs); int8 weights
+# (symmetric, zero point 0) fit int8 (uint8 x int8 quads on VNNI CPUs)
+@pytest.fixture(scope="module", params=[(20, "uint8"), (21, "uint8"), (48, "uint8"), (21, "int8"), (48, "int8")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def int8_model(request, tmp_path_factory) -> tuple[Path, int, str]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    M = request.param
+    M, weights = request.param
     rng = np.random.default_rng(11)
-    tmp = tmp_path_factory.mktemp(f"int8gemm{M}")
+    tmp = tmp_path_factory.mktemp(f"int8gemm{M}{weights}")
     w = (rng.standard_normal((K, N)) * 0.2 + 0.05).astype(np.float32)   # off-centre: uint8 zero point not 128
     w2 = rng.integers(-3, 4, (K, N2)).astype(np.float32)                  # integers, fed a float input
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="quantised"),
@@ -74,10 +82,10 @@ def int8_model(request, tmp_path_factory) -> tuple[Path, int]:
     src, dst = tmp / "int8gemm-float.onnx", tmp / "int8gemm.onnx"
     onnx.save(model, src)
     logging.getLogger().setLevel(logging.ERROR)
-    quantize_dynamic(src, dst, weight_type=QuantType.QUInt8, nodes_to_exclude=["float_integer_weights"])
+    quantize_dynamic(src, dst, weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8, nodes_to_exclude=["float_integer_weights"])
     ops = [n.op_type for n in onnx.load(dst).graph.node]
     assert ops.count("MatMulInteger") == 1 and ops.count("MatMul") == 1, ops
-    return dst, M
+    return dst, M, weights
 
 
 def _run(art: Path, cpu: str, x_path: Path, out: Path, threads: int = 1) -> tuple[dict, str]:
@@ -96,7 +104,7 @@ def test_marks_only_gemms_of_constant_b():
 
 
 def test_quantised_matmul_runs_in_int8_and_matches_onnxruntime(int8_model, tmp_path):
-    int8_model, M = int8_model
+    int8_model, M, weights = int8_model
     dist = tmp_path / "dist"
     art = build_fp32_ncnn(int8_model, dist)
     assert json.loads((dist / "int8gemm-x86_64.json").read_text())["backend"]["name"] == "ncnn"
@@ -110,11 +118,13 @@ def test_quantised_matmul_runs_in_int8_and_matches_onnxruntime(int8_model, tmp_p
         got, log = _run(art, cpu, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-"))
         taken = [line for line in log.splitlines() if "edgepack int8 gemm:" in line and "taken" in line]
         fell_back = [line for line in log.splitlines() if "fp32 loop" in line]
-        mode = _expected_mode(cpu)
+        mode = _expected_mode(cpu, weights == "int8")
         if mode:
-            # both marked Gemms (their B are integers); the float-fed one falls back, once per run
-            assert len(taken) == 2 and all(mode in line for line in taken), (cpu, log[-2000:])
-            assert f"{N} x {K} taken" in log and f"{N2} x {K} taken" in log, (cpu, log[-2000:])
+            # both marked Gemms (their B are integers); the float-fed one (B in [-3, 3]: fits int8) falls
+            # back, once per run
+            assert len(taken) == 2, (cpu, log[-2000:])
+            assert f"{N} x {K} taken ({mode})" in log, (cpu, mode, log[-2000:])
+            assert f"{N2} x {K} taken ({_expected_mode(cpu, True)})" in log, (cpu, log[-2000:])
             assert len(fell_back) == 1, (cpu, log[-2000:])
         else:
             assert not taken and not fell_back, (cpu, log[-2000:])
