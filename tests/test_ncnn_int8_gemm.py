@@ -11,8 +11,9 @@ weights (zero point 0: they fit int8) and a bias (N not a multiple of 8: a part 
 and a float MatMul whose weights are small integers but whose input is not, which the conversion marks
 too (it marks every Gemm of constant B in a lowered graph) and which must fall back to fp32 sums.
 On AVX2 CPUs (natively, capped with EDGEPACK_NCNN_OPTIONS=isa=avx2, and qemu's Haswell) the library says
-both layers took integer sums — uint8 x int8 quads (vpdpbusd, A shifted into [0, 255] and the shift's
-share taken back through B's column sums) where B fits int8 and the CPU has VNNI, int16 pairs elsewhere —
+both layers took integer sums — on VNNI CPUs byte quads (vpdpbusd): uint8 A (shifted into [0, 255], the
+shift's share taken back through B's column sums) x int8 B where B fits int8, else int8 A x uint8 B (both
+shifted; A's row sums take back B's share); int16 pairs on other AVX2 CPUs —
 and the second fell back; on SSE CPUs (capped with isa=sse, qemu's Nehalem)
 neither is taken and ncnn's fp32 Gemm runs. The quantised head's outputs are the same bits on every CPU
 and thread count: its integer sums are exact either way."""
@@ -42,9 +43,9 @@ def _host_flags() -> set[str]:
 
 def _expected_mode(cpu: str, fits_int8: bool) -> str | None:
     """Which integer kernel the library should pick on `cpu` for a B whose values do or do not all fit
-    int8, None for ncnn's fp32 Gemm: on CPUs with AVX-512 VNNI (a cap to AVX2 removes it) or AVX-VNNI (a
-    cap to AVX2 keeps it: Alder Lake's kind) vpdpbusd (uint8 x int8) where B fits int8, else vpdpwssd
-    (int16 pairs); vpmaddwd on other AVX2 CPUs."""
+    int8 (they span 255 at most either way), None for ncnn's fp32 Gemm: on CPUs with AVX-512 VNNI (a cap
+    to AVX2 removes it) or AVX-VNNI (a cap to AVX2 keeps it: Alder Lake's kind) vpdpbusd, uint8 A x int8
+    B where B fits int8, else int8 A x uint8 B (B shifted); vpmaddwd (int16 pairs) on other AVX2 CPUs."""
     flags = _host_flags()
     if cpu == "Haswell-noTSX" or cpu in ("native", "native isa=avx2") and "avx2" in flags:
         isa = "AVX2"
@@ -52,7 +53,9 @@ def _expected_mode(cpu: str, fits_int8: bool) -> str | None:
             isa = "AVX-512 VNNI"
         elif cpu.startswith("native") and "avx_vnni" in flags:
             isa = "AVX-VNNI"
-        return f"{'uint8 x int8' if fits_int8 and isa != 'AVX2' else 'int16 pairs'}, {isa}"
+        if isa == "AVX2":
+            return "int16 pairs, AVX2"
+        return f"{'uint8 x int8' if fits_int8 else 'int8 x uint8'}, {isa}"
     return None   # "native isa=sse", Nehalem
 
 

@@ -37,7 +37,11 @@ loop) and sums with vpdpbusd, four uint8 x int8 products a lane, twice vpdpwssd'
 saturate); off times the column's sum of B is taken back from each int32 sum, so the sums, and the
 outputs, are the same bits as the int16 kernels' (patch version 9). The byte layout is the int16 one's
 byte for byte (a 32-byte step holds 8 rows' quads instead of pairs), so one set of kernels serves both.
-smart_turn_v3: 49.0 -> 37.8 ms on 1 thread (onnxruntime 33.5).
+smart_turn_v3: 49.0 -> 37.8 ms on 1 thread (onnxruntime 33.5). A B that does not fit int8 but spans 255
+at most (uint8 weights less their zero point: quantize_dynamic's QUInt8) goes in as the unsigned side,
+B + shift, and A as the signed one, A + off in [-128, 127]; A's row sums (taken while converting it) then
+take back B's shift (version 10). ddddocr_old_int8's 8210 x 1024 classifier: 14.5 -> 12.1 ms on 1 thread
+(onnxruntime 7.4).
 Only x86 builds compile this file, so only their cache key carries INT8_GEMM_PATCH_KEY.
 """
 from __future__ import annotations
@@ -46,11 +50,12 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 9  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+INT8_GEMM_PATCH_VERSION = 10  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
 # 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs;
 # 5: an even count of pairs (no kernel tail); 6: 16-row packed outputs stored column by column too;
 # 7: 16 x 8 blocks in 512-bit registers on AVX-512 VNNI; 8: one store of column blocks for both (same code);
-# 9: B that fits int8 as int8 quads, A as uint8 + an offset, vpdpbusd on VNNI CPUs
+# 9: B that fits int8 as int8 quads, A as uint8 + an offset, vpdpbusd on VNNI CPUs; 10: B spanning 255 or less
+# as uint8 (shifted), A as int8 (shifted)
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -58,9 +63,11 @@ _DECL_NEW = """public:
     // edgepack (int8_gemm_patch.py): an integer B packed for integer sums, taken in create_pipeline
     int ep_int8;   // 1: B taken as int16 pairs for integer sums; 0: ncnn's fp32 Gemm
     int ep_isa;    // the sums' instructions: 0 AVX2 (vpmaddwd), 1 AVX-VNNI, 2 AVX-512 VNNI (vpdpwssd)
-    int ep_u8;     // 1: B fits int8 and the CPU has VNNI: ep_b holds int8 quads, A goes in as uint8 (vpdpbusd)
-    Mat ep_b;      // B as int16, [N/8][K2][8][2], K2 = K/2 rounded up to an even count; or (ep_u8) as int8, [N/8][K4][8][4]
-    Mat ep_colsum; // ep_u8: B's column sums (the correction for A's offset)
+    int ep_u8;     // byte quads, on VNNI CPUs (vpdpbusd): 1 B fits int8, A goes in as uint8 (shifted); 2 B spans
+                   // at most 255, goes in as uint8 (B + ep_bshift), A as int8 (shifted); 0 int16 pairs
+    int ep_bshift; // ep_u8 == 2: what B is shifted by
+    Mat ep_b;      // B as int16, [N/8][K2][8][2], K2 = K/2 rounded up to an even count; or (ep_u8) bytes, [N/8][K4][8][4]
+    Mat ep_colsum; // ep_u8: B's column sums (unshifted; the correction for A's shift)
     int ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<Mat>& top_blobs, const Option& opt) const;
 
 """ + _DECL_OLD
@@ -167,6 +174,15 @@ EP_I16_KERNELS(avxvnni_u8, "avx2,avxvnni", EP_DOT_AVXVNNI_U8)
 #define EP_U 2
 EP_I16_KERNELS(avx512vnni_u8, "avx2,avx512f,avx512vl,avx512vnni", EP_DOT_AVX512VNNI_U8)
 #undef EP_U
+// and with B the unsigned side (ep_u8 == 2): the kernels pass (A side, B side), vpdpbusd takes the unsigned first
+#define EP_DOT_AVXVNNI_S8(acc, x, y) _mm256_dpbusd_avx_epi32(acc, y, x)
+#define EP_DOT_AVX512VNNI_S8(acc, x, y) _mm256_dpbusd_epi32(acc, y, x)
+#define EP_U 1
+EP_I16_KERNELS(avxvnni_s8, "avx2,avxvnni", EP_DOT_AVXVNNI_S8)
+#undef EP_U
+#define EP_U 2
+EP_I16_KERNELS(avx512vnni_s8, "avx2,avx512f,avx512vl,avx512vnni", EP_DOT_AVX512VNNI_S8)
+#undef EP_U
 
 // the kernels of one instruction set; Gemm_x86::ep_isa indexes these
 typedef void (*ep_i16_fn)(const short* a, const short* b, int K2, int* out);
@@ -180,11 +196,15 @@ static const ep_i16_kernels ep_i16[3] = {
     {"AVX-VNNI", ep_i16_cols_avxvnni, ep_i16_rows_avxvnni<8>, ep_i16_rows_avxvnni<4>, ep_i16_rows_avxvnni<1>},
     {"AVX-512 VNNI", ep_i16_cols_avx512vnni, ep_i16_rows_avx512vnni<8>, ep_i16_rows_avx512vnni<4>, ep_i16_rows_avx512vnni<1>},
 };
-// ep_u8: uint8 x int8 (none without VNNI: vpmaddubsw saturates its int16 pair sums)
-static const ep_i16_kernels ep_u8k[3] = {
-    {"none", 0, 0, 0, 0},
-    {"AVX-VNNI", ep_i16_cols_avxvnni_u8, ep_i16_rows_avxvnni_u8<8>, ep_i16_rows_avxvnni_u8<4>, ep_i16_rows_avxvnni_u8<1>},
-    {"AVX-512 VNNI", ep_i16_cols_avx512vnni_u8, ep_i16_rows_avx512vnni_u8<8>, ep_i16_rows_avx512vnni_u8<4>, ep_i16_rows_avx512vnni_u8<1>},
+// byte quads, indexed [ep_u8 - 1][ep_isa]: uint8 A x int8 B, int8 A x uint8 B (none without VNNI:
+// vpmaddubsw saturates its int16 pair sums)
+static const ep_i16_kernels ep_u8k[2][3] = {
+    {{"none", 0, 0, 0, 0},
+     {"AVX-VNNI", ep_i16_cols_avxvnni_u8, ep_i16_rows_avxvnni_u8<8>, ep_i16_rows_avxvnni_u8<4>, ep_i16_rows_avxvnni_u8<1>},
+     {"AVX-512 VNNI", ep_i16_cols_avx512vnni_u8, ep_i16_rows_avx512vnni_u8<8>, ep_i16_rows_avx512vnni_u8<4>, ep_i16_rows_avx512vnni_u8<1>}},
+    {{"none", 0, 0, 0, 0},
+     {"AVX-VNNI", ep_i16_cols_avxvnni_s8, ep_i16_rows_avxvnni_s8<8>, ep_i16_rows_avxvnni_s8<4>, ep_i16_rows_avxvnni_s8<1>},
+     {"AVX-512 VNNI", ep_i16_cols_avx512vnni_s8, ep_i16_rows_avx512vnni_s8<8>, ep_i16_rows_avx512vnni_s8<4>, ep_i16_rows_avx512vnni_s8<1>}},
 };
 
 // 16 rows (two A blocks of 8) times one 8-column block of B on AVX-512 VNNI, column by column in 512-bit
@@ -215,8 +235,10 @@ __attribute__((target("avx512f,avx512vnni"))) static void ep_cols16_##NAME(const
     for (int j = 0; j < 8; j++) \
         _mm512_storeu_si512((void*)(out + j * 16), _mm512_add_epi32(acc[j], acc2[j])); \
 }
+#define EP_DOT512_S8(acc, x, y) _mm512_dpbusd_epi32(acc, y, x)
 EP_COLS16(i16, _mm512_dpwssd_epi32)
 EP_COLS16(u8, _mm512_dpbusd_epi32)
+EP_COLS16(s8, EP_DOT512_S8)
 
 // Eight int32 sums as floats plus C (one per lane, or one for all: c_lanes null), to out: exact as in
 // the scalar loop (each sum rounded once, then the one addition)
@@ -274,11 +296,14 @@ __attribute__((target("avx2"))) static int ep_a_range_packed(const float* base, 
     return _mm256_movemask_ps(good) == 0xff;
 }
 
-// The block (checked by ep_a_range_packed: integers with off + value in [0, 255]) as uint8 quads, [K4][8][4]:
-// four depths of a row one 32-bit lane (depths past K are 0: B's padding is 0 too)
-__attribute__((target("avx2"))) static void ep_a8_block_packed(const float* base, int stride, int K, int K4, int off, unsigned char* dst)
+// The block (checked by ep_a_range_packed: integers, value + off a byte, uint8 or int8) as byte quads,
+// [K4][8][4]: four depths of a row one 32-bit lane (depths past K are 0: B's padding is 0 too); each
+// row's sum of its values (unshifted) to rowsum[0..7]
+__attribute__((target("avx2"))) static void ep_a8_block_packed(const float* base, int stride, int K, int K4, int off, unsigned char* dst,
+                                                               int* rowsum)
 {
-    const __m256i o = _mm256_set1_epi32(off);
+    const __m256i o = _mm256_set1_epi32(off), byte = _mm256_set1_epi32(0xff);
+    __m256i sum = _mm256_setzero_si256();
     for (int q = 0; q < K4; q++)
     {
         __m256i quad = _mm256_setzero_si256();
@@ -287,28 +312,38 @@ __attribute__((target("avx2"))) static void ep_a8_block_packed(const float* base
             const int k = q * 4 + t;
             if (k >= K)
                 break;
-            const __m256i v = _mm256_add_epi32(_mm256_cvttps_epi32(_mm256_loadu_ps(base + (size_t)k * stride)), o);
-            quad = _mm256_or_si256(quad, _mm256_slli_epi32(v, 8 * t));
+            const __m256i v = _mm256_cvttps_epi32(_mm256_loadu_ps(base + (size_t)k * stride));
+            sum = _mm256_add_epi32(sum, v);
+            quad = _mm256_or_si256(quad, _mm256_slli_epi32(_mm256_and_si256(_mm256_add_epi32(v, o), byte), 8 * t));
         }
         _mm256_storeu_si256((__m256i*)(dst + (size_t)q * 32), quad);
     }
+    _mm256_storeu_si256((__m256i*)rowsum, sum);
 }
 
-// B packed as int16 pairs (as create_pipeline packs it) repacked as int8 quads, [N/8][K4][8][4] with K4 an
-// even count, and its column sums, when every value fits int8; 0 (b untouched) when one does not
-static int ep_b_to_int8(Mat& b, Mat& colsum, int K, int NB)
+// B packed as int16 pairs (as create_pipeline packs it) repacked as byte quads, [N/8][K4][8][4] with K4 an
+// even count, and its column sums: int8 when every value fits (returns 1, shift 0), else uint8 of B + shift
+// when B spans at most 255 (returns 2); 0 (b untouched) when it spans more
+static int ep_b_to_bytes(Mat& b, Mat& colsum, int K, int NB, int* shift)
 {
     const int K2 = (K + 3) / 4 * 2;
     const int K4 = (K + 7) / 8 * 2;
+    int lo = 0, hi = 0;
     for (int nb = 0; nb < NB; nb++)
     {
         const short* p = (const short*)b.row<const unsigned char>(nb);
-        for (int i = 0; i < K2 * 16; i++)
-        {
-            if (p[i] < -128 || p[i] > 127)
-                return 0;
-        }
+        for (int j = 0; j < 8; j++)
+            for (int k = 0; k < K; k++)
+            {
+                const int v = p[(size_t)(k / 2) * 16 + j * 2 + k % 2];
+                lo = std::min(lo, v);
+                hi = std::max(hi, v);
+            }
     }
+    const int mode = lo >= -128 && hi <= 127 ? 1 : hi - lo <= 255 ? 2 : 0;
+    if (!mode)
+        return 0;
+    *shift = mode == 2 ? -lo : 0;
     Mat b8(K4 * 32, NB, (size_t)1u, (Allocator*)0);
     colsum.create(NB * 8, (size_t)4u, (Allocator*)0);
     if (b8.empty() || colsum.empty())
@@ -316,22 +351,23 @@ static int ep_b_to_int8(Mat& b, Mat& colsum, int K, int NB)
     for (int nb = 0; nb < NB; nb++)
     {
         const short* p = (const short*)b.row<const unsigned char>(nb);
-        signed char* q = b8.row<signed char>(nb);
-        memset(q, 0, (size_t)K4 * 32);
+        unsigned char* q = b8.row<unsigned char>(nb);
+        memset(q, 0, (size_t)K4 * 32); // padding: 0 in either form (no share of A's shift)
         for (int j = 0; j < 8; j++)
         {
             int sum = 0;
             for (int k = 0; k < K; k++)
             {
-                const short v = p[(size_t)(k / 2) * 16 + j * 2 + k % 2];
-                q[(size_t)(k / 4) * 32 + j * 4 + k % 4] = (signed char)v;
+                const int v = p[(size_t)(k / 2) * 16 + j * 2 + k % 2];
+                q[(size_t)(k / 4) * 32 + j * 4 + k % 4] = (unsigned char)(v + *shift);
                 sum += v;
             }
             ((int*)colsum.data)[nb * 8 + j] = sum;
         }
     }
+    (void)K2;
     b = b8;
-    return 1;
+    return mode;
 }
 
 } // namespace
@@ -363,7 +399,13 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     if (a16.empty())
         return -100;
     int ok = 1;
-    int off = 0; // ep_u8: A + off is in [0, 255]; off times B's column sum is taken back from each sum
+    // ep_u8: A + off is a byte (uint8 in [0, 255] for ep_u8 == 1, int8 in [-128, 127] for 2); the sums of
+    // the shifted values are Sum (A + off)(B + bshift) = Sum AB + off Sum B + bshift Sum A + K off bshift, so
+    // off times the column's sum of B (+ K off bshift) and bshift times the row's sum of A are taken back
+    int off = 0;
+    Mat rowsum(MB * 8, (size_t)4u, opt.workspace_allocator);
+    if (rowsum.empty())
+        return -100;
     if (ep_u8)
     {
         // A's range first (integers, at most 255 apart: what a quantiser's x - zero point gives), then
@@ -393,21 +435,27 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
             }
         }
         ok = ok && hi - lo <= 255.f;
-        off = ok ? -(int)lo : 0;
+        off = ok ? -(int)lo - (ep_u8 == 2 ? 128 : 0) : 0;
         for (int blk = 0; blk < MB && ok; blk++)
         {
             unsigned char* dst = a16.row<unsigned char>(blk);
             if (ep == 8 || ep == 16)
             {
-                ep_a8_block_packed(a_row(blk * 8), ep, K, KQ, off, dst);
+                ep_a8_block_packed(a_row(blk * 8), ep, K, KQ, off, dst, (int*)rowsum.data + blk * 8);
                 continue;
             }
             memset(dst, 0, (size_t)KQ * 32);
-            for (int r = 0; r < 8 && blk * 8 + r < M; r++)
+            for (int r = 0; r < 8; r++)
             {
+                int sum = 0;
                 const float* p = a_row(blk * 8 + r);
-                for (int k = 0; k < K; k++)
-                    dst[(size_t)(k / 4) * 32 + r * 4 + k % 4] = (unsigned char)((int)p[(size_t)k * ep] + off);
+                for (int k = 0; k < K && blk * 8 + r < M; k++)
+                {
+                    const int v = (int)p[(size_t)k * ep];
+                    dst[(size_t)(k / 4) * 32 + r * 4 + k % 4] = (unsigned char)(v + off);
+                    sum += v;
+                }
+                ((int*)rowsum.data)[blk * 8 + r] = sum;
             }
         }
     }
@@ -463,9 +511,11 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     const int c_type = constantC ? constant_broadcast_type_C : -1;
     const float* c_data = c_type == -1 ? 0 : (const float*)CT_data.data;
 
-    const ep_i16_kernels& kernels = ep_u8 ? ep_u8k[ep_isa] : ep_i16[ep_isa];
-    // B's value at depth k, column j of an 8-column block (the fp32 loop's)
+    const ep_i16_kernels& kernels = ep_u8 ? ep_u8k[ep_u8 - 1][ep_isa] : ep_i16[ep_isa];
+    // B's value at depth k, column j of an 8-column block (the fp32 loop's; 0 past K)
     auto b_at = [&](const short* b, int k, int j) {
+        if (ep_u8 == 2)
+            return (float)((int)((const unsigned char*)b)[(size_t)(k / 4) * 32 + j * 4 + k % 4] - ep_bshift);
         return ep_u8 ? (float)((const signed char*)b)[(size_t)(k / 4) * 32 + j * 4 + k % 4] : (float)b[(size_t)(k / 2) * 16 + j * 2 + k % 2];
     };
     #pragma omp parallel for num_threads(opt.num_threads)
@@ -474,19 +524,28 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
         const short* b = (const short*)ep_b.row<const unsigned char>(nb);
         const int cols = std::min(8, N - nb * 8);
         int acc[16 * 8];
-        int corr[8] = {0}; // ep_u8: off times column j's sum of B, in each sum of column j
-        if (ep_u8 && off)
+        // ep_u8: the shifts' shares (above), in unsigned arithmetic: the terms may pass 2^31, the sum
+        // they leave fits int32, and modulo 2^32 it comes out exact
+        unsigned corr[8] = {0};
+        if (ep_u8)
         {
             for (int j = 0; j < 8; j++)
-                corr[j] = off * ((const int*)ep_colsum.data)[nb * 8 + j];
+                corr[j] = (unsigned)off * (unsigned)((const int*)ep_colsum.data)[nb * 8 + j]
+                          + (unsigned)K * (unsigned)off * (unsigned)ep_bshift;
         }
-        // sums + j * j_step + r * r_step for columns j < 8, rows r < rows: less the offset's share
-        auto correct = [&](int* sums, int j_step, int r_step, int rows) {
-            if (!ep_u8 || !off)
+        // sums + j * j_step + r * r_step for columns j < 8, rows m0 + r, r < rows: less the shifts' shares
+        auto correct = [&](int* sums, int j_step, int r_step, int m0, int rows) {
+            if (!ep_u8)
                 return;
-            for (int j = 0; j < 8; j++)
-                for (int r = 0; r < rows; r++)
-                    sums[j * j_step + r * r_step] -= corr[j];
+            for (int r = 0; r < rows; r++)
+            {
+                const unsigned row = (unsigned)ep_bshift * (unsigned)((const int*)rowsum.data)[m0 + r];
+                for (int j = 0; j < 8; j++)
+                {
+                    int* p = sums + j * j_step + r * r_step;
+                    *p = (int)((unsigned)*p - corr[j] - row);
+                }
+            }
         };
         // the 8 column sums of rows m..m+7 (column j's at sums + j * stride) into an output packed 8 or 16
         // rows to an element: each column's 8 row sums one vector store (half of a 16-row element's lanes)
@@ -502,9 +561,9 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
             if (ok && ep_isa == 2 && (oep == 8 || oep == 16) && m0 + 16 <= M && cols == 8)
             {
                 // AVX-512 VNNI: two whole 8 x 8 blocks at once in 512-bit registers
-                (ep_u8 ? ep_cols16_u8 : ep_cols16_i16)((const short*)a16.row<const unsigned char>(m0 / 8),
-                                                       (const short*)a16.row<const unsigned char>(m0 / 8 + 1), b, KQ, acc);
-                correct(acc, 16, 1, 16);
+                (ep_u8 == 1 ? ep_cols16_u8 : ep_u8 == 2 ? ep_cols16_s8 : ep_cols16_i16)(
+                    (const short*)a16.row<const unsigned char>(m0 / 8), (const short*)a16.row<const unsigned char>(m0 / 8 + 1), b, KQ, acc);
+                correct(acc, 16, 1, m0, 16);
                 store_cols(acc, 16, m0);
                 store_cols(acc + 8, 16, m0 + 8);
                 m0 += 8; // (and 8 more by the loop: 16 rows done)
@@ -514,7 +573,7 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
             {
                 // a whole 8 x 8 block, column by column
                 kernels.cols((const short*)a16.row<const unsigned char>(m0 / 8), b, KQ, acc);
-                correct(acc, 8, 1, 8);
+                correct(acc, 8, 1, m0, 8);
                 store_cols(acc, 8, m0);
                 continue;
             }
@@ -528,7 +587,7 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
                     kernels.rows4(a + r * 2, b, KQ, acc + r * 8);
                 for (; r < rows; r++)
                     kernels.rows1(a + r * 2, b, KQ, acc + r * 8);
-                correct(acc, 1, 8, rows);
+                correct(acc, 1, 8, m0, rows);
             }
             for (int r = 0; r < rows; r++)
             {
@@ -619,11 +678,11 @@ _PACK_NEW = """#if __AVX__
         if (ep_int8)
         {
             B_data.release();
-            if (ep_isa > 0 && ep_b_to_int8(ep_b, ep_colsum, K, NB))
-                ep_u8 = 1;
+            if (ep_isa > 0)
+                ep_u8 = ep_b_to_bytes(ep_b, ep_colsum, K, NB, &ep_bshift);
             if (ep_int8_trace())
-                NCNN_LOGE("edgepack int8 gemm: %d x %d taken (%s, %s)", N, K, ep_u8 ? "uint8 x int8" : "int16 pairs",
-                          ep_i16[ep_isa].name);
+                NCNN_LOGE("edgepack int8 gemm: %d x %d taken (%s, %s)", N, K,
+                          ep_u8 == 1 ? "uint8 x int8" : ep_u8 == 2 ? "int8 x uint8" : "int16 pairs", ep_i16[ep_isa].name);
         }
         else
         {
@@ -666,7 +725,7 @@ _FILE_EDITS = (
     ("src/layer/gemm.cpp", (("Gemm::load_param's output_transpose", _GEMM_LOAD_OLD, _GEMM_LOAD_NEW, 1),)),
     ("src/layer/x86/gemm_x86.h", (("Gemm_x86's members", _DECL_OLD, _DECL_NEW, 1),)),
     ("src/layer/x86/gemm_x86.cpp", (
-        ("the kernel, before create_pipeline", _KERNEL_ANCHOR, _KERNEL + _KERNEL_ANCHOR + "    ep_int8 = 0;\n    ep_isa = 0;\n    ep_u8 = 0;\n", 1),
+        ("the kernel, before create_pipeline", _KERNEL_ANCHOR, _KERNEL + _KERNEL_ANCHOR + "    ep_int8 = 0;\n    ep_isa = 0;\n    ep_u8 = 0;\n    ep_bshift = 0;\n", 1),
         ("the fp32 packing of a constant B", _PACK_OLD, _PACK_NEW, 1),
         ("forward's quantised branch", _FWD_OLD, _FWD_NEW, 1),
     )),
