@@ -25,7 +25,7 @@ from pathlib import Path
 from .exact_div_patch import EXACT_DIV_MACRO
 from .source_patch import apply_file_edits, file_edits_key
 
-FAKE_QUANT_PATCH_VERSION = 2  # 2: the quotient by FMA corrections where it is rounded and clamped
+FAKE_QUANT_PATCH_VERSION = 3  # 2: the quotient by FMA corrections where it is rounded and clamped; 3: a channel split among threads
 DIV_KEY, ROUND_KEY, MUL_KEY = 20, 21, 22   # Clip param keys (ncnn's Clip reads 0-1; the Layer base 30-31)
 
 _H_OLD = """    virtual int forward_inplace(Mat& bottom_top_blob, const Option& opt) const;
@@ -55,6 +55,8 @@ _CPP_HELPERS = (r'''// ---- edgepack (fake_quant_patch.py) ----
 // hoisted out of the loop. T: float, __m128, __m256 or __m512.'''
                 + EXACT_DIV_MACRO + r'''
 #include <math.h>
+
+#include <algorithm>
 
 namespace {
 
@@ -263,9 +265,19 @@ int Clip_x86::ep_forward_fake_quant(Mat& bottom_top_blob, const Option& opt) con
     p.fq = false;
 #endif
 
+    // each channel in `pieces` spans of whole 16-float vectors, so that a blob of one channel (a 2-D
+    // GEMM output: ncnn's Clip runs it on one thread) still spreads over every thread
+    const int threads = opt.num_threads > 0 ? opt.num_threads : 1;
+    const int vectors = (size + 15) / 16;
+    const int pieces = channels >= threads ? 1 : std::min(vectors, (2 * threads + channels - 1) / channels);
+    const int step = (vectors + pieces - 1) / pieces * 16;
     #pragma omp parallel for num_threads(opt.num_threads)
-    for (int q = 0; q < channels; q++)
-        ep_fq_span(bottom_top_blob.channel(q), size, p);
+    for (int t = 0; t < channels * pieces; t++)
+    {
+        const int start = t % pieces * step;
+        if (start < size)
+            ep_fq_span((float*)bottom_top_blob.channel(t / pieces) + start, std::min(step, size - start), p);
+    }
 
     return 0;
 }

@@ -50,12 +50,12 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 10  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+INT8_GEMM_PATCH_VERSION = 11  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
 # 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs;
 # 5: an even count of pairs (no kernel tail); 6: 16-row packed outputs stored column by column too;
 # 7: 16 x 8 blocks in 512-bit registers on AVX-512 VNNI; 8: one store of column blocks for both (same code);
 # 9: B that fits int8 as int8 quads, A as uint8 + an offset, vpdpbusd on VNNI CPUs; 10: B spanning 255 or less
-# as uint8 (shifted), A as int8 (shifted)
+# as uint8 (shifted), A as int8 (shifted); 11: A converted in parallel, block by block
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -406,19 +406,22 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     Mat rowsum(MB * 8, (size_t)4u, opt.workspace_allocator);
     if (rowsum.empty())
         return -100;
+    // per block of 8 rows, converted in parallel: whether its values are integers in [-255, 255], and
+    // (ep_u8) its least and greatest
+    std::vector<int> blk_ok(MB, 1);
+    std::vector<float> blk_lo(MB, 255.f), blk_hi(MB, -255.f);
     if (ep_u8)
     {
         // A's range first (integers, at most 255 apart: what a quantiser's x - zero point gives), then
-        // A + off as uint8 quads
-        float lo = 255.f, hi = -255.f;
-        for (int blk = 0; blk < MB && ok; blk++)
+        // A + off as byte quads
+        #pragma omp parallel for num_threads(opt.num_threads)
+        for (int blk = 0; blk < MB; blk++)
         {
+            float lo = 255.f, hi = -255.f;
+            int good = 1;
             if (ep == 8 || ep == 16)
-            {
-                ok = ep_a_range_packed(a_row(blk * 8), ep, K, &lo, &hi);
-                continue;
-            }
-            for (int r = 0; r < 8 && blk * 8 + r < M && ok; r++)
+                good = ep_a_range_packed(a_row(blk * 8), ep, K, &lo, &hi);
+            for (int r = 0; r < 8 && blk * 8 + r < M && good && ep != 8 && ep != 16; r++)
             {
                 const float* p = a_row(blk * 8 + r);
                 for (int k = 0; k < K; k++)
@@ -426,18 +429,31 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
                     const float v = p[(size_t)k * ep];
                     if (!(v >= -255.f && v <= 255.f) || v != (float)(int)v)
                     {
-                        ok = 0;
+                        good = 0;
                         break;
                     }
                     lo = std::min(lo, v);
                     hi = std::max(hi, v);
                 }
             }
+            blk_ok[blk] = good;
+            blk_lo[blk] = lo;
+            blk_hi[blk] = hi;
+        }
+        float lo = 255.f, hi = -255.f;
+        for (int blk = 0; blk < MB; blk++)
+        {
+            ok &= blk_ok[blk];
+            lo = std::min(lo, blk_lo[blk]);
+            hi = std::max(hi, blk_hi[blk]);
         }
         ok = ok && hi - lo <= 255.f;
         off = ok ? -(int)lo - (ep_u8 == 2 ? 128 : 0) : 0;
-        for (int blk = 0; blk < MB && ok; blk++)
+        #pragma omp parallel for num_threads(opt.num_threads)
+        for (int blk = 0; blk < MB; blk++)
         {
+            if (!ok)
+                continue;
             unsigned char* dst = a16.row<unsigned char>(blk);
             if (ep == 8 || ep == 16)
             {
@@ -459,30 +475,36 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
             }
         }
     }
-    for (int blk = 0; blk < MB && ok && !ep_u8; blk++)
+    else
     {
-        short* dst = (short*)a16.row<unsigned char>(blk);
-        if (ep == 8 || ep == 16)
+        #pragma omp parallel for num_threads(opt.num_threads)
+        for (int blk = 0; blk < MB; blk++)
         {
-            ok = ep_a16_block_packed(a_row(blk * 8), ep, K, dst);
-            memset(dst + (size_t)((K + 1) / 2) * 16, 0, (size_t)(K2 - (K + 1) / 2) * 32); // the padding pair
-            continue;
-        }
-        memset(dst, 0, (size_t)K2 * 32);
-        for (int r = 0; r < 8 && blk * 8 + r < M && ok; r++)
-        {
-            const float* p = a_row(blk * 8 + r);
-            for (int k = 0; k < K; k++)
+            short* dst = (short*)a16.row<unsigned char>(blk);
+            if (ep == 8 || ep == 16)
             {
-                const float v = p[(size_t)k * ep];
-                if (!(v >= -255.f && v <= 255.f) || v != (float)(int)v)
+                blk_ok[blk] = ep_a16_block_packed(a_row(blk * 8), ep, K, dst);
+                memset(dst + (size_t)((K + 1) / 2) * 16, 0, (size_t)(K2 - (K + 1) / 2) * 32); // the padding pair
+                continue;
+            }
+            memset(dst, 0, (size_t)K2 * 32);
+            for (int r = 0; r < 8 && blk * 8 + r < M && blk_ok[blk]; r++)
+            {
+                const float* p = a_row(blk * 8 + r);
+                for (int k = 0; k < K; k++)
                 {
-                    ok = 0;
-                    break;
+                    const float v = p[(size_t)k * ep];
+                    if (!(v >= -255.f && v <= 255.f) || v != (float)(int)v)
+                    {
+                        blk_ok[blk] = 0;
+                        break;
+                    }
+                    dst[(size_t)(k / 2) * 16 + r * 2 + k % 2] = (short)(int)v;
                 }
-                dst[(size_t)(k / 2) * 16 + r * 2 + k % 2] = (short)(int)v;
             }
         }
+        for (int blk = 0; blk < MB; blk++)
+            ok &= blk_ok[blk];
     }
     if (!ok && ep_int8_trace())
         NCNN_LOGE("edgepack int8 gemm: input not integers in [-255, 255]%s, fp32 loop", ep_u8 ? " at most 255 apart" : "");
