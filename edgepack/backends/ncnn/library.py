@@ -42,6 +42,7 @@ from .shared_weights_patch import (SHARED_WEIGHTS_ARM_PATCH_KEY, SHARED_WEIGHTS_
                                    patch_shared_weights_arm)
 from .source_patch import PATCH_KEY, patch_source
 from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
+from .winograd_strips_patch import WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips
 
 RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
@@ -69,7 +70,8 @@ def _arch_patches(target: Target) -> tuple:
         ("fp16_weights_patch", FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights),
         ("int8_gemm_patch", INT8_GEMM_PATCH_KEY, patch_int8_gemm),
         ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block), ("gelu_erf_patch", GELU_ERF_PATCH_KEY, patch_gelu_erf),
-        ("fake_quant_patch", FAKE_QUANT_PATCH_KEY, patch_fake_quant))
+        ("fake_quant_patch", FAKE_QUANT_PATCH_KEY, patch_fake_quant),
+        ("winograd_strips_patch", WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips))
 
 
 BASE_OPTIONS = {

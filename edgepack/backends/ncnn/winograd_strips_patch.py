@@ -1,0 +1,104 @@
+"""Winograd convolutions over strips of rows where a map's transformed input would not stay in cache (x86).
+
+ncnn's x86 Winograd (convolution_3x3_winograd.h, F(2,3), F(4,3) and F(6,3)) transforms the input of the
+whole map into one buffer (BT: 16, 36 or 64 values per tile, times input channels) and then runs the
+GEMMs over it. For a large map that buffer is far larger than any cache: DNSMOS' 128 -> 64 3x3 layer on its
+900 x 161 spectrogram builds 170 MB of it, written once and read back from memory, and on a Sapphire Rapids
+host ncnn's default took 315 ms a run against 258 ms with the direct kernel and 206 ms for onnxruntime
+(peak RSS 399 MB). Here the call is made once per strip of output rows (a whole number of tiles, so the
+tile grid is the map's), each strip's transformed input about EP_WINOGRAD_STRIP_BYTES, reading the padded
+input rows it needs (two more than its output rows) through views of the same blobs: the same tiles and
+the same transforms; the GEMM's blocking over tiles follows the strip's tile count, so the sums may be
+added in another order than the whole map's (a float rounding, as between thread counts).
+
+Maps whose whole buffer is at most twice a strip's run as before. Only x86 builds compile this file, so
+only their cache key carries WINOGRAD_STRIPS_PATCH_KEY.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .source_patch import apply_file_edits, file_edits_key
+
+WINOGRAD_STRIPS_PATCH_VERSION = 1
+STRIP_BYTES = 2 << 20   # a strip's transformed input: about the L2 of the cores it was measured on (2 MiB)
+
+_CALLS_OLD = """        int ret = 0;
+        if (prefer_winograd23)
+        {
+            ret = conv3x3s1_winograd23(bottom_blob_bordered, top_blob, weight_winograd23_data, bias_data, _nT, opt);
+        }
+        else if (prefer_winograd43)
+        {
+            ret = conv3x3s1_winograd43(bottom_blob_bordered, top_blob, weight_winograd43_data, bias_data, _nT, opt);
+        }
+        else if (prefer_winograd63)
+        {
+            ret = conv3x3s1_winograd63(bottom_blob_bordered, top_blob, weight_winograd63_data, bias_data, _nT, opt);
+        }
+        else
+        {
+            // should never reach here
+        }
+"""
+_CALLS_NEW = """        // edgepack (winograd_strips_patch.py): strips of rows where the map's transformed input is large
+        const int ep_m = prefer_winograd23 ? 2 : prefer_winograd43 ? 4 : 6;
+        int ret = ep_winograd_strips(bottom_blob_bordered, top_blob, ep_m, [&](const Mat& ep_in, Mat& ep_out) {
+            if (prefer_winograd23)
+                return conv3x3s1_winograd23(ep_in, ep_out, weight_winograd23_data, bias_data, _nT, opt);
+            if (prefer_winograd43)
+                return conv3x3s1_winograd43(ep_in, ep_out, weight_winograd43_data, bias_data, _nT, opt);
+            if (prefer_winograd63)
+                return conv3x3s1_winograd63(ep_in, ep_out, weight_winograd63_data, bias_data, _nT, opt);
+            return 0; // should never reach here
+        });
+"""
+
+_HELPER_ANCHOR = "namespace ncnn {\n\n// edgepack (direct_conv_patch.py): direct 3x3"
+_HELPER = r'''// ---- edgepack (winograd_strips_patch.py) ----
+// run(in, out) on the whole map, or once per strip of output rows (a whole number of m-row tiles) where the
+// map's transformed input, (m + 2)^2 values per tile and input channel, exceeds two strips' worth; the input
+// strip is its output rows plus the two more a 3x3 window reads (in is padded: in.h == out.h + 2)
+template<class F>
+static int ep_winograd_strips(const Mat& in, Mat& out, int m, F run)
+{
+    const size_t tile_values = (size_t)(m + 2) * (m + 2) * in.c * in.elempack;
+    const size_t row_bytes = tile_values * ((out.w + m - 1) / m) * sizeof(float); // one row of tiles
+    const int h_tiles = (out.h + m - 1) / m;
+    const size_t strip = EP_WINOGRAD_STRIP_BYTES;
+    if (in.dims != 3 || out.dims != 3 || in.h != out.h + 2 || row_bytes * h_tiles <= 2 * strip)
+        return run(in, out);
+    const int strip_tiles = std::max(1, (int)(strip / row_bytes));
+    for (int ty = 0; ty < h_tiles; ty += strip_tiles)
+    {
+        const int y0 = ty * m;
+        const int rows = std::min(strip_tiles * m, out.h - y0);
+        Mat in_rows(in.w, rows + 2, in.c, (unsigned char*)in.data + (size_t)y0 * in.w * in.elemsize, in.elemsize, in.elempack);
+        in_rows.cstep = in.cstep;
+        Mat out_rows(out.w, rows, out.c, (unsigned char*)out.data + (size_t)y0 * out.w * out.elemsize, out.elemsize, out.elempack);
+        out_rows.cstep = out.cstep;
+        const int ret = run(in_rows, out_rows);
+        if (ret != 0)
+            return ret;
+    }
+    return 0;
+}
+// ---- end edgepack ----
+
+'''
+
+_FILE_EDITS = (
+    ("src/layer/x86/convolution_x86.cpp", (
+        ("the strip helper, at the namespace's start (every ISA's build)", _HELPER_ANCHOR,
+         "namespace ncnn {\n\n" + f"#define EP_WINOGRAD_STRIP_BYTES ((size_t){STRIP_BYTES})\n" + _HELPER
+         + _HELPER_ANCHOR[len("namespace ncnn {\n\n"):], 1),
+        ("forward's Winograd calls", _CALLS_OLD, _CALLS_NEW, 1),
+    )),
+)
+
+WINOGRAD_STRIPS_PATCH_KEY = file_edits_key(WINOGRAD_STRIPS_PATCH_VERSION, _FILE_EDITS)
+
+
+def patch_winograd_strips(src: Path) -> None:
+    """Apply the edits to an unpacked ncnn source tree, in place (x86 builds, after direct_conv_patch.py)."""
+    apply_file_edits(src, _FILE_EDITS, "winograd_strips_patch.py")

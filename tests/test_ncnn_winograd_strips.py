@@ -1,0 +1,53 @@
+"""Winograd convolutions on maps too large for their transformed input to stay in cache run over strips of
+rows (edgepack/backends/ncnn/winograd_strips_patch.py) and still match onnxruntime.
+
+Two 3x3 convolutions on a 216 x 96 map: 32 -> 32 channels (ncnn's F(6,3)) and 32 -> 64 (F(4,3)), whose
+whole-map transformed inputs (4.7 and 6.0 MB) exceed two 2 MiB strips, so each runs as strips of tile rows,
+the last one partial (216 rows are 36 F(6,3) tiles, 54 F(4,3) tiles). On every x86 CPU model at 1 and 2
+threads: within 1e-4 of onnxruntime's scale, and the same bits on 1 and 2 threads. The strip arithmetic
+is checked against the same shapes."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from edgepack.backends.ncnn.winograd_strips_patch import STRIP_BYTES
+from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
+
+H, W = 216, 96
+
+
+def _model(path):
+    rng = np.random.default_rng(3)
+    w1 = (rng.standard_normal((32, 32, 3, 3)) * 0.08).astype(np.float32)
+    w2 = (rng.standard_normal((64, 32, 3, 3)) * 0.08).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(rng.standard_normal(32).astype(np.float32) * 0.1, "b1"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(rng.standard_normal(64).astype(np.float32) * 0.1, "b2")]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "strips", [helper.make_tensor_value_info("x", f, [1, 32, H, W])],
+                              [helper.make_tensor_value_info("y", f, [1, 64, H, W])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _transformed_bytes(m: int, cin: int) -> int:
+    """The whole map's transformed input for F(m,3): (m + 2)^2 values per tile and input channel."""
+    return (m + 2) ** 2 * cin * ((W + m - 1) // m) * ((H + m - 1) // m) * 4
+
+
+def test_the_shapes_take_strips():
+    # both layers' buffers exceed two strips (else the layer runs whole and this test checks nothing new)
+    assert _transformed_bytes(6, 32) > 2 * STRIP_BYTES and _transformed_bytes(4, 32) > 2 * STRIP_BYTES
+
+
+def test_winograd_strips_match_onnxruntime_on_every_x86_cpu(tmp_path):
+    model = _model(tmp_path / "strips.onnx")
+    art = build_fp32_ncnn(model, tmp_path / "out")
+    x = np.random.default_rng(9).standard_normal((1, 32, H, W)).astype(np.float32)
+    assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path)
