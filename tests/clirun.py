@@ -8,6 +8,12 @@ import sys
 from pathlib import Path
 
 
+def host_cpu_flags() -> set[str]:
+    """This machine's CPU flags, as /proc/cpuinfo lists them (empty where it lists none)."""
+    line = next((s for s in Path("/proc/cpuinfo").read_text().splitlines() if s.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
 def edgepack_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "edgepack", *args]
 

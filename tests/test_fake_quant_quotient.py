@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from clirun import host_cpu_flags
 from edgepack.backends.ncnn import fake_quant_patch
 from edgepack.backends.ncnn.exact_div_patch import EXACT_DIV_MACRO
 
@@ -71,15 +72,17 @@ int main(int argc, char** argv)
 }
 '''
 
+# per vector width: the driver's macros, and the compiler flags
 _WIDTHS = {
-    "avx512": dict(WIDE="__m512", LANES="16", TARGET='"avx512f,avx512dq,fma"', SET1="_mm512_set1_ps",
-                   ROUND="(__m512)_mm512_roundscale_ps", MINMAX="EP_MINMAX512", flags=["-mavx512f", "-mavx512dq", "-mfma"],
-                   minmax="#define EP_MINMAX512(v, l, h) _mm512_min_ps(_mm512_max_ps(v, l), h)\n",
-                   round_arg=", _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC"),
-    "avx2": dict(WIDE="__m256", LANES="8", TARGET='"avx,fma"', SET1="_mm256_set1_ps", ROUND="(__m256)_mm256_round_ps",
-                 MINMAX="EP_MINMAX256", flags=["-mavx", "-mfma"],
-                 minmax="#define EP_MINMAX256(v, l, h) _mm256_min_ps(_mm256_max_ps(v, l), h)\n",
-                 round_arg=", _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC"),
+    "avx512": ("#define WIDE __m512\n#define LANES 16\n#define TARGET \"avx512f,avx512dq,fma\"\n"
+               "#define SET1 _mm512_set1_ps\n"
+               "#define ROUND(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)\n"
+               "#define MINMAX(v, l, h) _mm512_min_ps(_mm512_max_ps(v, l), h)\n",
+               ["-mavx512f", "-mavx512dq", "-mfma"]),
+    "avx2": ("#define WIDE __m256\n#define LANES 8\n#define TARGET \"avx,fma\"\n#define SET1 _mm256_set1_ps\n"
+             "#define ROUND(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)\n"
+             "#define MINMAX(v, l, h) _mm256_min_ps(_mm256_max_ps(v, l), h)\n",
+             ["-mavx", "-mfma"]),
 }
 
 
@@ -92,28 +95,21 @@ def _kernel(width: str) -> str:
     return body[:body.index("\n}\n") + 3]
 
 
-def _host_flags() -> set[str]:
-    line = next((s for s in Path("/proc/cpuinfo").read_text().splitlines() if s.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
 def _walk_exe(width: str, tmp_path: Path) -> Path:
-    w = _WIDTHS[width]
+    defs, flags = _WIDTHS[width]
     kernel = _kernel(width)
     assert "_fmadd_ps" in kernel and "_fnmadd_ps" in kernel   # the text found is the FMA kernel
-    defs = "".join(f"#define {k} {w[k]}\n" for k in ("WIDE", "LANES", "TARGET", "SET1", "MINMAX")) + w["minmax"]
-    defs += f"#define ROUND(v) {w['ROUND']}(v{w['round_arg']})\n"     # with the rounding mode appended
     defs += "static inline float ep_fq_div1(float x, float y) { EP_EXACT_DIV return x / y; }\n"
     src = _DRIVER % {"macro": EXACT_DIV_MACRO, "defs": defs, "kernel": kernel}
     (tmp_path / f"walk_{width}.c").write_text(src)
     exe = tmp_path / f"walk_{width}"
-    subprocess.run([sys.executable, "-m", "ziglang", "cc", "-O2", "-ffast-math", *w["flags"], "-o", str(exe),
+    subprocess.run([sys.executable, "-m", "ziglang", "cc", "-O2", "-ffast-math", *flags, "-o", str(exe),
                     str(tmp_path / f"walk_{width}.c")], check=True, capture_output=True, timeout=300)
     return exe
 
 
 def test_fma_quotient_rounds_as_division_for_every_float(tmp_path):
-    flags = _host_flags()
+    flags = host_cpu_flags()
     # the AVX2 + FMA kernel on every host the tests run on; the AVX-512 one where the CPU has it (an
     # artifact takes each only where its CPU does)
     assert {"avx", "fma"} <= flags, "the x86_64 test hosts have AVX2 and FMA"

@@ -29,16 +29,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from clirun import run_artifact_on
+from clirun import host_cpu_flags, run_artifact_on
 from test_ncnn_thread_split import build_fp32_ncnn
 from edgepack.backends.ncnn.int8_gemm_patch import MARK_KEY, mark_integer_gemms
 
 K, N, N2 = 301, 1001, 40  # K odd: a last pair padded with 0, and an odd pair count (the unrolled kernels' tail)
-
-
-def _host_flags() -> set[str]:
-    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    return set(flags.partition(":")[2].split())
 
 
 def _expected_mode(cpu: str, fits_int8: bool) -> str | None:
@@ -46,7 +41,7 @@ def _expected_mode(cpu: str, fits_int8: bool) -> str | None:
     int8 (they span 255 at most either way), None for ncnn's fp32 Gemm: on CPUs with AVX-512 VNNI (a cap
     to AVX2 removes it) or AVX-VNNI (a cap to AVX2 keeps it: Alder Lake's kind) vpdpbusd, uint8 A x int8
     B where B fits int8, else int8 A x uint8 B (B shifted); vpmaddwd (int16 pairs) on other AVX2 CPUs."""
-    flags = _host_flags()
+    flags = host_cpu_flags()
     if cpu == "Haswell-noTSX" or cpu in ("native", "native isa=avx2") and "avx2" in flags:
         isa = "AVX2"
         if cpu == "native" and "avx512_vnni" in flags:

@@ -366,35 +366,37 @@ def fold_fake_quant(param_text: str, outputs: tuple[str, ...] = ()) -> tuple[str
         for b in layer.bottoms:
             readers.setdefault(b, []).append(i)
 
-    def next_of(i: int) -> _Line | None:
-        """The one layer that reads layer i's one output, where no one else (and no extraction) does."""
+    def next_of(i: int) -> int | None:
+        """The index of the one layer that reads layer i's one output, where no one else (and no
+        extraction) does."""
         top = layers[i].tops[0]
         r = readers.get(top, [])
-        return layers[r[0]] if len(r) == 1 and top not in outputs else None
+        return r[0] if len(r) == 1 and top not in outputs else None
 
-    index = {id(layer): i for i, layer in enumerate(layers)}
     drop: set[int] = set()
     replace: dict[int, str] = {}
     for i, div in enumerate(layers):
         s = _scalar_op(div, "3")
         if s is None or i in drop:
             continue
-        rnd = next_of(i)
+        r = next_of(i)
+        rnd = layers[r] if r is not None else None
         if rnd is None or rnd.type != "UnaryOp" or not rnd.one_to_one() or rnd.fields != {"0": "18"}:
             continue
-        clip = next_of(index[id(rnd)])
+        c = next_of(r)
+        clip = layers[c] if c is not None else None
         if (clip is None or clip.type != "Clip" or not clip.one_to_one() or set(clip.fields) != {"0", "1"}
                 or not all(_is_float(clip.fields[k]) for k in ("0", "1"))):
             continue
-        chain = [div, rnd, clip]
+        chain = [r, c]   # the links after the division, dropped
         fields = f"0={clip.fields['0']} 1={clip.fields['1']} {DIV_KEY}={s} {ROUND_KEY}=1"
-        mul = next_of(index[id(clip)])
-        m = _scalar_op(mul, "2") if mul is not None else None
+        m_at = next_of(c)
+        m = _scalar_op(layers[m_at], "2") if m_at is not None else None
         if m is not None:
-            chain.append(mul)
+            chain.append(m_at)
             fields += f" {MUL_KEY}={m}"
-        replace[i] = f"{'Clip':<24} {clip.name:<24} 1 1 {div.bottoms[0]} {chain[-1].tops[0]} {fields}"
-        drop.update(index[id(c)] for c in chain[1:])
+        replace[i] = f"{'Clip':<24} {clip.name:<24} 1 1 {div.bottoms[0]} {layers[chain[-1]].tops[0]} {fields}"
+        drop.update(chain)
     if not replace:
         return param_text, 0
     out = [replace.get(i, layer.text) for i, layer in enumerate(layers) if i not in drop]

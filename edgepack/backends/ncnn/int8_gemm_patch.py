@@ -326,7 +326,6 @@ __attribute__((target("avx2"))) static void ep_a8_block_packed(const float* base
 // when B spans at most 255 (returns 2); 0 (b untouched) when it spans more
 static int ep_b_to_bytes(Mat& b, Mat& colsum, int K, int NB, int* shift)
 {
-    const int K2 = (K + 3) / 4 * 2;
     const int K4 = (K + 7) / 8 * 2;
     int lo = 0, hi = 0;
     for (int nb = 0; nb < NB; nb++)
@@ -365,7 +364,6 @@ static int ep_b_to_bytes(Mat& b, Mat& colsum, int K, int NB, int* shift)
             ((int*)colsum.data)[nb * 8 + j] = sum;
         }
     }
-    (void)K2;
     b = b8;
     return mode;
 }
@@ -403,9 +401,13 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     // the shifted values are Sum (A + off)(B + bshift) = Sum AB + off Sum B + bshift Sum A + K off bshift, so
     // off times the column's sum of B (+ K off bshift) and bshift times the row's sum of A are taken back
     int off = 0;
-    Mat rowsum(MB * 8, (size_t)4u, opt.workspace_allocator);
-    if (rowsum.empty())
-        return -100;
+    Mat rowsum; // ep_u8: A's row sums
+    if (ep_u8)
+    {
+        rowsum.create(MB * 8, (size_t)4u, opt.workspace_allocator);
+        if (rowsum.empty())
+            return -100;
+    }
     // per block of 8 rows, converted in parallel: whether its values are integers in [-255, 255], and
     // (ep_u8) its least and greatest
     std::vector<int> blk_ok(MB, 1);
