@@ -21,28 +21,33 @@ LAYERS = [(64, 40, (5, 1), True), (40, 36, (1, 5), False), (36, 26, (5, 1), True
           (64, 40, (3, 3), True)]
 
 
-def conv_chain(path):
-    rng = np.random.default_rng(11)
+def conv_graph(path, layers, hw, seed):
+    """A chain of Convs (cin, cout, kernel, bias) on a 1 x cin x h x w input "x": up to 5 wide padded to
+    keep the size, wider ones unpadded; random weights from `seed`."""
+    rng = np.random.default_rng(seed)
     nodes, inits, x = [], [], "x"
-    for i, (cin, cout, (kh, kw), bias) in enumerate(LAYERS):
+    h, w_out = hw
+    for i, (cin, cout, (kh, kw), bias) in enumerate(layers):
         w = (rng.standard_normal((cout, cin, kh, kw)) / np.sqrt(cin * kh * kw)).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
         ins = [x, f"w{i}"]
         if bias:
             inits.append(numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), f"b{i}"))
             ins.append(f"b{i}")
-        out = "y" if i == len(LAYERS) - 1 else f"c{i}"
-        nodes.append(helper.make_node("Conv", ins, [out], kernel_shape=[kh, kw],
-                                      pads=[kh // 2, kw // 2, kh // 2, kw // 2]))
+        out = "y" if i == len(layers) - 1 else f"c{i}"
+        pads = [kh // 2, kw // 2, kh // 2, kw // 2] if max(kh, kw) <= 5 else [0, 0, 0, 0]
+        w_out = w_out if max(kh, kw) <= 5 else w_out - kw + 1
+        nodes.append(helper.make_node("Conv", ins, [out], kernel_shape=[kh, kw], pads=pads))
         x = out
-    graph = helper.make_graph(nodes, "pairs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 17, 20])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, LAYERS[-1][1], 17, 20])],
+    graph = helper.make_graph(nodes, path.stem,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, layers[0][0], *hw])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, layers[-1][1], h, w_out])],
                               inits)
     return saved_graph(graph, path, opset=13)
 
 
 def test_paired_panels_match_onnxruntime_on_every_cpu(tmp_path):
-    model = conv_chain(tmp_path / "pairs.onnx")
+    model = conv_graph(tmp_path / "pairs.onnx", LAYERS, (17, 20), 11)
     art = build_fp32_ncnn(model, tmp_path / "out")
     layers = json.loads((tmp_path / "out" / "pairs-x86_64.json").read_text())["backend"]["layers"]
     assert "Convolution" in layers

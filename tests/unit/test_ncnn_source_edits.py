@@ -210,3 +210,30 @@ def test_gemm_pair_patch_is_x86_only_and_sums_each_output_as_ncnn_does():
         "pBh[", "")  # named registers in the inner loop, no arrays
     # the panel below skips exactly the blocks summed with it
     assert "jj = ep_blocks * 12;" in text and "outptr += ep_blocks * 96;" in text and "pB += ep_blocks * 12 * max_kk;" in text
+
+
+def test_gemm_pair16_patch_is_x86_only_after_the_avx2_pairs_and_covers_each_column_once():
+    from edgepack.backends.ncnn import gemm_pair16_patch as gp, library
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    names = [n for n, _, _ in library._arch_patches(matrix.get("x86_64"))]
+    assert names.index("gemm_pair16_patch") == names.index("gemm_pair_patch") + 1  # its anchors hold that one's text
+    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))["gemm_pair16_patch"] == \
+        gp.GEMM_PAIR16_PATCH_KEY
+    assert "gemm_pair16_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
+    # a 48-column span: four 12-column groups, each first column at its block's offset
+    span = [line.strip() for line in gp._HELPERS_NEW.split("jj + 47 < n16; jj += 48)")[1].split("}")[0].splitlines()
+            if "EP_PAIR16_BLOCK(" in line]
+    cols = []
+    for line in span:
+        nc, offset, col = (part.strip() for part in line.split("(", 1)[1].rstrip(");").split(",", 2))
+        start = sum(int(n) for n in col.replace("jj", "").split("+") if n.strip())  # "jj + 12": 12 on
+        assert start % 16 == int(offset)
+        cols += range(start, start + int(nc))
+    assert cols == list(range(48))
+    # one FMA per k for each output, onto its start (zero, the bias, or the tile's partial sum), in k order
+    kernel = gp._HELPERS_NEW.split("static void ep_pair16_block")[1]
+    assert kernel.count("_mm512_fmadd_ps(") == 2 and "s0[c] = k == 0 ? c0 : _mm512_load_ps(sum0 + 16 * c);" in kernel
+    # the panel below skips exactly the columns summed with it, in both GEMMs
+    for text in (gp._LOOP_NEW, gp._WG_PANEL_NEW):
+        assert "jj = ep_n16;" in text and "pB += ep_n16 * max_kk;" in text and "outptr += ep_n16 * 16;" in text

@@ -31,6 +31,7 @@ from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .fake_quant_patch import FAKE_QUANT_PATCH_KEY, patch_fake_quant
 from .fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights
 from .gelu_erf_patch import GELU_ERF_PATCH_KEY, patch_gelu_erf
+from .gemm_pair16_patch import GEMM_PAIR16_PATCH_KEY, patch_gemm_pair16
 from .gemm_pair_patch import GEMM_PAIR_PATCH_KEY, patch_gemm_pair
 from .gru_patch import GRU_PATCH_KEY, patch_gru
 from .int8_gemm_patch import INT8_GEMM_PATCH_KEY, patch_int8_gemm
@@ -64,6 +65,7 @@ def _arch_patches(target: Target) -> tuple:
         ("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("gru_patch", GRU_PATCH_KEY, patch_gru),
         ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
         ("gemm_pair_patch", GEMM_PAIR_PATCH_KEY, patch_gemm_pair),
+        ("gemm_pair16_patch", GEMM_PAIR16_PATCH_KEY, patch_gemm_pair16),
         ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap),
         ("integer_winograd_patch", INTEGER_WINOGRAD_PATCH_KEY, patch_integer_winograd),
         ("shared_weights_patch", SHARED_WEIGHTS_PATCH_KEY, patch_shared_weights),
