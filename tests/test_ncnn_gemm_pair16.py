@@ -12,11 +12,16 @@ pairs); 18 x 20 = 360 pixels are seven spans of 48 columns (four 12-column group
 Second model: one convolution with 256 x 257 = 65,792 sums per output, more than a k tile holds
 (TILE_K follows the L2 cache: 32,752 at 2 MiB), so partial sums go through topT between k tiles.
 Third: a 3 x 3 convolution, 64 -> 64 channels (two pairs) on a 48 x 64 map, which ncnn runs as Winograd:
-its batched GEMM pairs panels over the map's 88 to 768 tiles (F(6,3) to F(2,3))."""
+its batched GEMM pairs panels over the map's 88 to 768 tiles (F(6,3) to F(2,3)). Last: the Gemm layer's
+tile kernel (gemm_fp32.h), with constant and per-run B."""
 from __future__ import annotations
 
-import numpy as np
+import json
 
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from models import saved_graph
 from test_ncnn_gemm_pair import conv_graph
 from test_ncnn_thread_split import CPUS, assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
@@ -43,3 +48,31 @@ def test_paired_panels_keep_partial_sums_between_k_tiles(tmp_path):
 
 def test_paired_panels_in_winograds_batched_gemm(tmp_path):
     _check(tmp_path, "wino16", WINOGRAD, (48, 64), 41)
+
+
+def gemm_graph(path):
+    """x [48, 300] times constant weights with a bias per column (pnnx: a Gemm with a per-column C), then
+    without one, then the result times its own transpose (MatMul: B packed each run). 48 rows are a pair
+    and a lone panel; 360 and 200 columns spans, a half-block remainder and tails; 48 columns one span."""
+    rng = np.random.default_rng(51)
+
+    def const(name, *shape, scale=1.0):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    inits = [const("w1", 300, 360, scale=300 ** -0.5), const("c1", 360), const("w2", 360, 200, scale=360 ** -0.5)]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "c1"], ["h1"]),
+             helper.make_node("MatMul", ["h1", "w2"], ["h2"]),
+             helper.make_node("Transpose", ["h2"], ["h2t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h2", "h2t"], ["y"])]
+    graph = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [48, 300])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [48, 48])], inits)
+    return saved_graph(graph, path, opset=13)
+
+
+def test_paired_panels_in_the_gemm_layer(tmp_path):
+    model = gemm_graph(tmp_path / "gemm16.onnx")
+    art = build_fp32_ncnn(model, tmp_path / "out")
+    layers = json.loads((tmp_path / "out" / "gemm16-x86_64.json").read_text())["backend"]["layers"]
+    assert {"Gemm", "MatMul"} <= set(layers), layers
+    x = np.random.default_rng(52).standard_normal((48, 300)).astype(np.float32)
+    assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path, cpus=CPUS)

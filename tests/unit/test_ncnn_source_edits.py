@@ -232,8 +232,8 @@ def test_gemm_pair16_patch_is_x86_only_after_the_avx2_pairs_and_covers_each_colu
         cols += range(start, start + int(nc))
     assert cols == list(range(48))
     # one FMA per k for each output, onto its start (zero, the bias, or the tile's partial sum), in k order
-    kernel = gp._HELPERS_NEW.split("static void ep_pair16_block")[1]
-    assert kernel.count("_mm512_fmadd_ps(") == 2 and "s0[c] = k == 0 ? c0 : _mm512_load_ps(sum0 + 16 * c);" in kernel
+    kernel = gp._HELPERS_NEW.split("void ep_pair16_block(")[1]
+    assert kernel.count("_mm512_fmadd_ps(") == 2 and "s0[c] = k != 0 ? _mm512_load_ps(sum0 + 16 * c) : colC ?" in kernel
     # the panel below skips exactly the columns summed with it, in both GEMMs
-    for text in (gp._LOOP_NEW, gp._WG_PANEL_NEW):
+    for text in (gp._LOOP_NEW, gp._WG_PANEL_NEW, gp._GEMM_LOOP_NEW):
         assert "jj = ep_n16;" in text and "pB += ep_n16 * max_kk;" in text and "outptr += ep_n16 * 16;" in text

@@ -1,6 +1,7 @@
-"""ncnn's im2col and Winograd convolution GEMMs on AVX-512 sum two 16-row panels at once, 32 x 12
-instead of 16 x 16 (convolution_gemm_transB_packed_tile in src/layer/x86/convolution_im2col_gemm.h,
-gemm_transB_packed_tile in convolution_3x3_winograd.h).
+"""ncnn's GEMM tile kernels on AVX-512 sum two 16-row panels at once, 32 x 12 instead of 16 x 16: the
+im2col convolution's (convolution_gemm_transB_packed_tile in src/layer/x86/convolution_im2col_gemm.h),
+Winograd's (gemm_transB_packed_tile in convolution_3x3_winograd.h) and the Gemm layer's (gemm_fp32.h,
+which MatMul also runs).
 
 ncnn's AVX-512 tile kernel sums a 16 x 16 block: for each k one vector of A (16 output channels) and
 16 broadcasts of B (16 pixels), 17 loads for 16 fused multiply-adds. A Sapphire Rapids core issues two
@@ -28,22 +29,20 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-GEMM_PAIR16_PATCH_VERSION = 1
+GEMM_PAIR16_PATCH_VERSION = 2
 
 IM2COL_GEMM_FILE = "src/layer/x86/convolution_im2col_gemm.h"
 
 WINOGRAD_FILE = "src/layer/x86/convolution_3x3_winograd.h"
 
-# the kernel goes first in the Winograd header: every AVX-512 unit that includes the im2col header (the
-# x86 layer's AVX-512 copy) includes this one before it, and the bf16 units include this one alone
-_HELPERS_OLD = "// SPDX-License-Identifier: BSD-3-Clause\n\n#if NCNN_RUNTIME_CPU && NCNN_FMA && __AVX__"
-_HELPERS_NEW = """// SPDX-License-Identifier: BSD-3-Clause
-
-#if __AVX512F__ && (defined(__x86_64__) || defined(_M_X64))
+# the kernel goes at the end of x86_usability.h (after its transposes), which every x86 layer includes
+USABILITY_FILE = "src/layer/x86/x86_usability.h"
+_HELPERS_OLD = "#endif // X86_USABILITY_H"
+_HELPERS_NEW = """#if __AVX512F__ && (defined(__x86_64__) || defined(_M_X64))
 // edgepack gemm_pair16_patch: NC columns' sums of 16 output channels (s[c]) stored in ncnn's layout,
 // p at channel 0 of the first column
 template<int NC>
-static NCNN_FORCEINLINE void ep_store_16_channels(float* p, int out_elempack, int out_hstep, __m512* s)
+static NCNN_FORCEINLINE void ep_store_16_channels(float* p, int out_elempack, size_t out_hstep, __m512* s)
 {
     if (out_elempack == 1)
     {
@@ -79,19 +78,19 @@ static NCNN_FORCEINLINE void ep_store_16_channels(float* p, int out_elempack, in
 
 // edgepack gemm_pair16_patch: NC columns of two 16-row panels (A at pA0, pA1), the first column at
 // offset O of the 16-column block of B at pB (columns past 15 in the next block); sums start at c0 /
-// c1 when k == 0, else at the partial sums in sum0 / sum1; the last k tile writes the outputs at out0 /
-// out1, the others the partial sums back
+// c1 (or, given colC, at each column's colC[c]) when k == 0, else at the partial sums in sum0 / sum1;
+// the last k tile writes the outputs at out0 / out1, the others the partial sums back
 template<int NC, int O>
-static void ep_pair16_block(const float* pA0, const float* pA1, const float* pB, int max_kk, int k, bool k_end,
-                            __m512 c0, __m512 c1, float* sum0, float* sum1, float* out0, float* out1,
-                            int out_elempack, int out_hstep)
+static inline void ep_pair16_block(const float* pA0, const float* pA1, const float* pB, int max_kk, int k, bool k_end,
+                            __m512 c0, __m512 c1, const float* colC, float* sum0, float* sum1, float* out0, float* out1,
+                            int out_elempack, size_t out_hstep)
 {
     __m512 s0[NC];
     __m512 s1[NC];
     for (int c = 0; c < NC; c++)
     {
-        s0[c] = k == 0 ? c0 : _mm512_load_ps(sum0 + 16 * c);
-        s1[c] = k == 0 ? c1 : _mm512_load_ps(sum1 + 16 * c);
+        s0[c] = k != 0 ? _mm512_load_ps(sum0 + 16 * c) : colC ? _mm512_set1_ps(colC[c]) : c0;
+        s1[c] = k != 0 ? _mm512_load_ps(sum1 + 16 * c) : colC ? _mm512_set1_ps(colC[c]) : c1;
     }
     const float* pB0 = pB + O;
     const float* pB1 = pB + 16 * max_kk + O - 16;
@@ -130,15 +129,16 @@ static void ep_pair16_block(const float* pA0, const float* pA1, const float* pB,
 
 // edgepack gemm_pair16_patch: the first n16 columns (whole 16-column blocks of B from pB) of two 16-row
 // panels (A at pA0, pA1); 16 sums a column, the panel's first column's at sum0 / sum1, its outputs at out0 /
-// out1 (ncnn's layout, out_elempack apart a column) in the last k tile
-static void ep_pair16_columns(const float* pA0, const float* pA1, const float* pB, int n16, int max_kk, int k, bool k_end,
-                              __m512 c0, __m512 c1, float* sum0, float* sum1, float* out0, float* out1,
-                              int out_elempack, int out_hstep)
+// out1 (ncnn's layout, out_elempack apart a column) in the last k tile; sums start at c0 / c1, or at
+// colC[column] where given
+static inline void ep_pair16_columns(const float* pA0, const float* pA1, const float* pB, int n16, int max_kk, int k, bool k_end,
+                              __m512 c0, __m512 c1, const float* colC, float* sum0, float* sum1, float* out0, float* out1,
+                              int out_elempack, size_t out_hstep)
 {
-#define EP_PAIR16_BLOCK(NC, O, col)                                                                  \
-    ep_pair16_block<NC, O>(pA0, pA1, pB + (col) / 16 * 16 * max_kk, max_kk, k, k_end, c0, c1,       \
-                           sum0 + 16 * (col), sum1 + 16 * (col), out0 + (col) * out_elempack,       \
-                           out1 + (col) * out_elempack, out_elempack, out_hstep)
+#define EP_PAIR16_BLOCK(NC, O, col)                                                                   \\
+    ep_pair16_block<NC, O>(pA0, pA1, pB + (col) / 16 * 16 * max_kk, max_kk, k, k_end, c0, c1,        \\
+                           colC ? colC + (col) : colC, sum0 + 16 * (col), sum1 + 16 * (col),         \\
+                           out0 + (col) * out_elempack, out1 + (col) * out_elempack, out_elempack, out_hstep)
     int jj = 0;
     for (; jj + 47 < n16; jj += 48)
     {
@@ -156,7 +156,7 @@ static void ep_pair16_columns(const float* pA0, const float* pA1, const float* p
 }
 #endif // __AVX512F__
 
-#if NCNN_RUNTIME_CPU && NCNN_FMA && __AVX__"""
+#endif // X86_USABILITY_H"""
 
 _FLAG_OLD = "    float* outptr = topT_tile;\n\n#if __AVX__ && !__AVX512F__\n"
 _FLAG_NEW = """    float* outptr = topT_tile;
@@ -196,7 +196,7 @@ _LOOP_NEW = """        int jj = 0;
                 // the panel below keeps its partial sums after this one's, its outputs 16 channels on
                 ep_pair16_columns(pAT, pAT + max_kk * 16, pB, ep_n16, max_kk, k, k_end,
                                   pC ? _mm512_loadu_ps(pC) : _mm512_setzero_ps(),
-                                  pC ? _mm512_loadu_ps(pC + 16) : _mm512_setzero_ps(), outptr, outptr + 16 * max_jj,
+                                  pC ? _mm512_loadu_ps(pC + 16) : _mm512_setzero_ps(), 0, outptr, outptr + 16 * max_jj,
                                   outptr0, outptr0 + out_hstep * 16, out_elempack, out_hstep);
             }
             ep_paired16 = !ep_paired16; // the panel below skips the blocks summed with this one
@@ -252,7 +252,7 @@ _WG_PANEL_NEW = """    for (; ii + 15 < max_ii; ii += 16)
                     // the panel below, this batch: batch x 16 x max_jj sums on
                     float* ep_next = outptr + batch * 16 * max_jj;
                     ep_pair16_columns(pAT, pAT + max_kk * 16, pB, ep_n16, max_kk, k, false, _mm512_setzero_ps(),
-                                      _mm512_setzero_ps(), outptr, ep_next, outptr, ep_next, 16, 0);
+                                      _mm512_setzero_ps(), 0, outptr, ep_next, outptr, ep_next, 16, 0);
                 }
                 jj = ep_n16;
                 pB += ep_n16 * max_kk;
@@ -262,12 +262,70 @@ _WG_PANEL_NEW = """    for (; ii + 15 < max_ii; ii += 16)
             for (; jj + 15 < max_jj; jj += 16)
 """
 
+# the Gemm layer's tile kernel (gemm_fp32.h): the same pairing where sums start from zero or from a C of
+# one value per column (broadcast type 4: pnnx's MatMul + bias, Linear on 2-D input); other kinds of C
+# keep ncnn's loops. ncnn moves a per-column C's pointer on as its first k tile passes each block
+GEMM_FILE = "src/layer/x86/gemm_fp32.h"
+
+_GEMM_FLAG_OLD = """    float* outptr = topT_tile;
+
+    int ii = 0;
+#if __SSE2__
+#if __AVX__
+#if __AVX512F__
+    for (; ii + 15 < max_ii; ii += 16)
+"""
+_GEMM_FLAG_NEW = """    float* outptr = topT_tile;
+
+#if __AVX512F__
+    bool ep_paired16 = false; // edgepack gemm_pair16_patch, as in convolution_im2col_gemm.h
+#endif
+
+    int ii = 0;
+#if __SSE2__
+#if __AVX__
+#if __AVX512F__
+    for (; ii + 15 < max_ii; ii += 16)
+"""
+_GEMM_LOOP_OLD = """        int jj = 0;
+        for (; jj + 15 < max_jj; jj += 16)
+        {
+            __m512 _sum0;
+"""
+_GEMM_LOOP_NEW = """        int jj = 0;
+#if defined(__x86_64__) || defined(_M_X64)
+        if (ep_paired16 || (ii + 31 < max_ii && max_jj >= 16 && (!pC || broadcast_type_C == 4)))
+        {
+            const int ep_n16 = max_jj / 16 * 16;
+            const bool ep_cols = pC && broadcast_type_C == 4;
+            if (!ep_paired16)
+            {
+                ep_pair16_columns(pAT, pAT + max_kk * 16, pB, ep_n16, max_kk, k, k_end, _mm512_setzero_ps(),
+                                  _mm512_setzero_ps(), ep_cols ? pC : 0, outptr, outptr + 16 * max_jj, outptr0,
+                                  outptr0 + out_hstep * 16, out_elempack, out_hstep);
+            }
+            ep_paired16 = !ep_paired16; // the panel below skips the blocks summed with this one
+            jj = ep_n16;
+            pB += ep_n16 * max_kk;
+            outptr += ep_n16 * 16;
+            outptr0 += ep_n16 * out_elempack;
+            if (ep_cols && k == 0)
+                pC += ep_n16;
+        }
+#endif
+        for (; jj + 15 < max_jj; jj += 16)
+        {
+            __m512 _sum0;
+"""
+
 _FILE_EDITS = (
+    (USABILITY_FILE, (("the 32-row kernel, at the end", _HELPERS_OLD, _HELPERS_NEW, 1),)),
     (IM2COL_GEMM_FILE, (("the tile kernel's 16-row panel flag", _FLAG_OLD, _FLAG_NEW, 1),
                         ("the 16-row panel's 16-column loop", _LOOP_OLD, _LOOP_NEW, 1))),
-    (WINOGRAD_FILE, (("the 32-row kernel, first in the header", _HELPERS_OLD, _HELPERS_NEW, 1),
-                     ("the Winograd GEMM's 16-row panel flag", _WG_FLAG_OLD, _WG_FLAG_NEW, 1),
+    (WINOGRAD_FILE, (("the Winograd GEMM's 16-row panel flag", _WG_FLAG_OLD, _WG_FLAG_NEW, 1),
                      ("the Winograd GEMM's 16-row panel", _WG_PANEL_OLD, _WG_PANEL_NEW, 1))),
+    (GEMM_FILE, (("the Gemm tile kernel's 16-row panel flag", _GEMM_FLAG_OLD, _GEMM_FLAG_NEW, 1),
+                 ("the Gemm tile kernel's 16-row panel", _GEMM_LOOP_OLD, _GEMM_LOOP_NEW, 1))),
 )
 
 GEMM_PAIR16_PATCH_KEY = file_edits_key(GEMM_PAIR16_PATCH_VERSION, _FILE_EDITS)
