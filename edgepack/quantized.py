@@ -72,6 +72,8 @@ def lower_quantized(model: LoadedModel) -> LoadedModel:
         done += f"; {counts['MatMul summed as integers']} MatMul of int8 weights on integers (then scaled)"
     if counts.get("com.microsoft.DynamicQuantizeLSTM"):
         done += (f"; H quantised at {counts['recurrent steps quantised']} unrolled LSTM steps"
+                 + (f", {counts['LSTM MatMuls summed as integers']} LSTM MatMuls summed as integers (then scaled)"
+                    if counts.get("LSTM MatMuls summed as integers") else "")
                  + (f", {counts['LSTM left whole']} LSTM left whole (H not quantised: sequence length not static)"
                     if counts["LSTM left whole"] else ""))
     return _with(model, proto, f"quantised ops lowered to float: {done}")
@@ -88,7 +90,7 @@ class _Lowering:
         self.inits: list[onnx.TensorProto] = []
         self.counts: dict[str, int] = {}
         self.rank1: set[str] = set()             # DynamicQuantizeLinear scale/zp, [1] here, scalars there
-        self.recurrent: list[np.ndarray] = []   # R [dirs, 4h, h] of each lowered DynamicQuantizeLSTM
+        self.recurrent: list = []   # a quantized_lstm.QuantisedLstm for each lowered DynamicQuantizeLSTM
         self._n, self._tag = 0, tag
 
     def name(self, base: str) -> str:
@@ -166,8 +168,14 @@ class _Lowering:
     def fake_quantise(self, x: str, out: str | None = None) -> str:
         """x rounded to the uint8 grid DynamicQuantizeLinear would put it on, back in float:
         (q - zp) * scale, what onnxruntime's quantised GEMMs multiply."""
+        centred, scale = self.quantise_centred(x)
+        return self.emit("Mul", [centred, scale], [out] if out else None)
+
+    def quantise_centred(self, x: str) -> tuple[str, str]:
+        """x on DynamicQuantizeLinear's uint8 grid less its zero point (integer-valued float), and the
+        scale: what onnxruntime's integer GEMMs sum before they scale."""
         y, scale, zp = self.quantise(x)
-        return self.emit("Mul", [self.emit("Sub", [y, zp]), scale], [out] if out else None)
+        return self.emit("Sub", [y, zp]), scale
 
     def centred(self, x: str, zp: str | None, axis_last: bool) -> str:
         """x - zp in float; a constant x and zp are folded into one float initializer."""

@@ -6,6 +6,8 @@ fake-quantised before each step's recurrent MatMul.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -14,6 +16,24 @@ from . import onnx_lstm
 from .errors import UnsupportedOpError
 from .onnx_index import tensor_infos
 from .quantized import _live, _Lowering
+
+
+@dataclass(frozen=True, eq=False)
+class QuantisedLstm:
+    """One lowered DynamicQuantizeLSTM: X fake-quantised (x_fq = x_centred * x_scale) and its weights
+    as integers less their zero points ([dirs, 4h, K], ONNX LSTM's layout) with one scale per
+    direction (None where the scales are per channel)."""
+    x_fq: str
+    x_centred: str
+    x_scale: str
+    w: np.ndarray
+    w_scale: np.ndarray | None
+    r: np.ndarray
+    r_scale: np.ndarray | None
+
+    def dequantised(self, which: str) -> np.ndarray:
+        ints, scale = (self.w, self.w_scale) if which == "w" else (self.r, self.r_scale)
+        return ints * scale.reshape(-1, 1, 1) if scale is not None else ints
 
 
 def lower_lstm(lw: _Lowering, node) -> None:
@@ -25,46 +45,83 @@ def lower_lstm(lw: _Lowering, node) -> None:
     ins = list(node.input) + [""] * (12 - len(node.input))
 
     def weight(q, scale, zp):
+        """(the dequantised weight, its integers less the zero point, one scale per direction or None)."""
         if q not in lw.consts or scale not in lw.consts or (zp and zp not in lw.consts):
             raise UnsupportedOpError(f"DynamicQuantizeLSTM {node.name!r}: weights are not constants",
                                      hint="export the float model")
         w = lw.consts[q].astype(np.float32)
         s = lw.consts[scale].astype(np.float32).reshape(-1, 1, 1)
         z = lw.consts[zp].astype(np.float32).reshape(-1, 1, 1) if zp else 0.0
-        return ((w - z) * s).transpose(0, 2, 1)
+        ints = (w - z).transpose(0, 2, 1)
+        per_direction = s.size in (1, w.shape[0])
+        return ((w - z) * s).transpose(0, 2, 1), ints, np.broadcast_to(s.reshape(-1), (w.shape[0],)) if per_direction else None
 
-    w = weight(ins[1], ins[8], ins[9])
-    r = weight(ins[2], ins[10], ins[11])
-    lw.recurrent.append(r)
+    w, w_int, w_scale = weight(ins[1], ins[8], ins[9])
+    r, r_int, r_scale = weight(ins[2], ins[10], ins[11])
+    x_centred, x_scale = lw.quantise_centred(lw.as_float(ins[0]))
+    x_fq = lw.emit("Mul", [x_centred, x_scale])
+    lw.recurrent.append(QuantisedLstm(x_fq, x_centred, x_scale, w_int if w_scale is not None else w, w_scale,
+                                      r_int if r_scale is not None else r, r_scale))
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    inputs = [lw.fake_quantise(lw.as_float(ins[0])), lw.const(w, ins[1]), lw.const(r, ins[2])]
+    inputs = [x_fq, lw.const(w, ins[1]), lw.const(r, ins[2])]
     inputs += ins[3:8]
     while inputs and not inputs[-1]:
         inputs.pop()
     lw.nodes.append(helper.make_node("LSTM", inputs, list(node.output), name=lw.name(node.name or "lstm"), **attrs))
 
 
-def quantise_recurrence(proto: onnx.ModelProto, recurrent: list[np.ndarray], counts: dict) -> onnx.ModelProto:
+def quantise_recurrence(proto: onnx.ModelProto, lstms: list[QuantisedLstm], counts: dict) -> onnx.ModelProto:
     """Unroll the lowered LSTMs (onnx_lstm.decompose) and fake-quantise H before every recurrent
     MatMul, as onnxruntime's DynamicQuantizeLSTM quantises it at every step: without it the CRNN of
     the corpus (ddddocr_old_int8) is 1% of scale off, with it 1e-6. An LSTM that cannot be unrolled
-    (dynamic sequence length) stays whole, and a count says so."""
+    (dynamic sequence length) stays whole, and a count says so.
+
+    Where a weight has one scale per direction, its MatMuls (X's projection, each step's recurrent
+    product) sum the centred integers and scale after, as onnxruntime's integer GEMMs do: the integer
+    GEMM kernels of the backends can take them (NCNN's int8 Gemm)."""
     inferred = onnx.shape_inference.infer_shapes(proto)   # decompose needs the static sequence length
     unrolled = onnx_lstm.decompose(inferred)
     del unrolled.graph.value_info[:]
     inits = {t.name: t for t in unrolled.graph.initializer}
-    wanted = [r[d].T for r in recurrent for d in range(r.shape[0])]   # decompose's [H, 4H] constants
-    rec_names = {name for name, t in inits.items() if len(t.dims) == 2 and tuple(t.dims) == wanted[0].shape
-                 and any(np.array_equal(numpy_helper.to_array(t), w) for w in wanted)}
+    # decompose's constants: W^T [K, 4H] and R^T [H, 4H] per direction
+    kinds = {}   # initializer -> (lstm, which, direction)
+    for lstm in lstms:
+        for which in ("w", "r"):
+            deq = lstm.dequantised(which)
+            for d in range(deq.shape[0]):
+                for name, t in inits.items():
+                    if tuple(t.dims) == deq[d].T.shape and np.array_equal(numpy_helper.to_array(t), deq[d].T):
+                        kinds[name] = (lstm, which, d)
     lw = _Lowering(unrolled, infer=False, tag="lh")
     shapes = _static_shapes(unrolled)
-    steps, time_major = 0, {}
+    steps, summed, time_major, ints = 0, 0, {}, {}
     for node in unrolled.graph.node:
-        if node.op_type == "MatMul" and node.input[1] in rec_names:
-            node.input[0] = lw.fake_quantise(node.input[0])
-            steps += 1
+        scaled = None
+        if node.op_type == "MatMul" and node.input[1] in kinds:
+            lstm, which, d = kinds[node.input[1]]
+            scale = lstm.w_scale if which == "w" else lstm.r_scale
+            a = None     # (A's centred integers, A's scale)
+            if which == "r":
+                a = lw.quantise_centred(node.input[0])
+                steps += 1
+            elif node.input[0] == lstm.x_fq:
+                a = (lstm.x_centred, lstm.x_scale)
+            if a and scale is None:      # per-channel scales: the fake-quantised A times the float weight
+                node.input[0] = lw.emit("Mul", list(a)) if which == "r" else node.input[0]
+            elif a:
+                # (A - zp_a) . (W - zp_w), then * (scale_a * scale_w), as onnxruntime's integer GEMMs
+                key = (id(lstm), which, d)
+                if key not in ints:
+                    ints[key] = lw.const((lstm.w if which == "w" else lstm.r)[d].T, f"{which}_int")
+                node.input[0], node.input[1] = a[0], ints[key]
+                scaled = (node.output[0], lw.emit("Mul", [a[1], lw.const(scale[d], f"{which}_scale")]))
+                node.output[0] = lw.name(node.output[0])
+                summed += 1
         lw.nodes.extend(_batch_axis_free(lw, node, shapes, time_major))
+        if scaled:
+            lw.emit("Mul", [node.output[0], scaled[1]], [scaled[0]])
     counts["recurrent steps quantised"] = steps
+    counts["LSTM MatMuls summed as integers"] = summed
     counts["LSTM left whole"] = sum(n.op_type == "LSTM" for n in lw.nodes)
     nodes, kept = _live(lw.nodes, list(unrolled.graph.initializer) + lw.inits, {o.name for o in unrolled.graph.output})
     del unrolled.graph.node[:], unrolled.graph.initializer[:]

@@ -141,3 +141,43 @@ def test_quantised_matmul_runs_in_int8_and_matches_onnxruntime(int8_model, tmp_p
     two, _ = _run(art, "native", tmp_path / "x.npy", tmp_path / "native2", threads=2)
     np.testing.assert_array_equal(two["y"], native["y"])
     np.testing.assert_array_equal(two["z"], native["z"])
+
+
+def test_quantised_lstm_projects_its_input_in_int8(tmp_path):
+    """quantize_dynamic's DynamicQuantizeLSTM (edgepack/quantized_lstm.py): X's projection sums centred
+    integers and scales after, as onnxruntime does, so the int8 Gemm takes it (both directions); the
+    artifact matches onnxruntime."""
+    from onnxruntime.quantization import quantize_dynamic
+    rng = np.random.default_rng(5)
+    hidden, inp, seq = 32, 64, 20
+    w = (rng.standard_normal((2, 4 * hidden, inp)) * 0.3).astype(np.float32)
+    r = (rng.standard_normal((2, 4 * hidden, hidden)) * 0.3).astype(np.float32)
+    # onnxruntime's AVX2 u8s8 GEMM adds adjacent K pairs in int16, which saturates (an MLAS trait the
+    # lowering does not copy); zeros at odd K keep every pair exact
+    w[:, :, 1::2] = 0
+    r[:, :, 1::2] = 0
+    f = TensorProto.FLOAT
+    graph = helper.make_graph([helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=hidden,
+                                                direction="bidirectional")], "qlstm",
+                              [helper.make_tensor_value_info("x", f, [seq, 1, inp])],
+                              [helper.make_tensor_value_info("y", f, [seq, 2, 1, hidden])],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R"),
+                               numpy_helper.from_array((rng.standard_normal((2, 8 * hidden)) * 0.1).astype(np.float32), "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    src, dst = tmp_path / "qlstm-float.onnx", tmp_path / "qlstm.onnx"
+    onnx.save(model, src)
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(src, dst)
+    assert "DynamicQuantizeLSTM" in [n.op_type for n in onnx.load(dst).graph.node]
+    art = build_fp32_ncnn(dst, tmp_path / "dist")
+    x = rng.standard_normal((seq, 1, inp)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got, log = run_artifact_on(art, "native", {"x": tmp_path / "x.npy"}, tmp_path / "out", ("y",), 1,
+                               env={"EDGEPACK_NCNN_TRACE": "1"})
+    mode = _expected_mode("native", True)
+    if mode:
+        assert log.count(f"{4 * hidden} x {inp} taken ({mode})") == 2, log[-2000:]
+    err = float(np.abs(got["y"].reshape(want.shape) - want).max())
+    assert err <= 1e-3 * float(np.abs(want).max()), err

@@ -170,6 +170,12 @@ def test_quantize_dynamic_lstm_quantises_the_hidden_state_every_step(tmp_path):
     assert "DynamicQuantizeLSTM" not in _ops(low.proto) and "LSTM" not in _ops(low.proto)
     # every step but the first of each direction (no initial_h: H_0 = 0 has no recurrent MatMul)
     assert f"H quantised at {2 * (seq - 1)} unrolled LSTM steps" in low.notes[-1]
+    # one scale per direction: X's projection and every recurrent product sum centred integers, then
+    # scale, as onnxruntime's integer GEMMs (a backend's integer GEMM kernel can take them)
+    assert f"{2 + 2 * (seq - 1)} LSTM MatMuls summed as integers" in low.notes[-1]
+    consts = {t.name: nh.to_array(t) for t in low.proto.graph.initializer}
+    weights = [consts[n.input[1]] for n in low.proto.graph.node if n.op_type == "MatMul" and n.input[1] in consts]
+    assert len(weights) == 2 + 2 * (seq - 1) and all(np.array_equal(w, np.round(w)) for w in weights)
     for seed in range(4):
         feeds = {"x": np.random.default_rng(seed).standard_normal((seq, 1, inp)).astype(np.float32)}
         _close(_run(model.proto, feeds), _run(low.proto, feeds))
