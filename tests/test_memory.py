@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from clirun import host_cpu_flags
 from conftest import run_edgepack
 
 LAYERS, WIDTH = 8, 1024  # 8 x 4 MiB of fp32 weights
@@ -144,7 +145,7 @@ def test_memory_lean_keeps_exact_fp16_weights_at_half_the_bytes(tmp_path):
     np.save(x, np.random.default_rng(2).standard_normal((1, PW_CH, PW_HW, PW_HW)).astype(np.float32))
     y_fast = run_output(str(tmp_path / "fast" / "pw-x86_64"), x, tmp_path / "o_fast")
     y_lean = run_output(str(tmp_path / "lean" / "pw-x86_64"), x, tmp_path / "o_lean")
-    if "avx512f" not in Path("/proc/cpuinfo").read_text():
+    if "avx512f" not in host_cpu_flags():
         np.testing.assert_allclose(y_lean, y_fast, rtol=0, atol=1e-4 * float(np.abs(y_fast).max()))
         return
     assert np.array_equal(y_fast, y_lean)

@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from clirun import host_cpu_flags
 from test_ncnn_thread_split import _run, assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
 # (out channels, kernel, stride, pad: all sides or (top, left, bottom, right), relu): input 3 x 50 x 57
@@ -121,7 +122,7 @@ def test_avx512_and_avx2_cpus_run_the_direct_kernel(tmp_path):
     assert not np.array_equal(off, exact) and float(np.abs(off - exact).max()) <= 1e-5 * float(np.abs(exact).max())
     assert not np.array_equal(got["Nehalem"], exact)
     np.testing.assert_array_equal(got["native isa=sse"], got["Nehalem"])
-    if _native_has_avx512():
+    if "avx512f" in host_cpu_flags():
         np.testing.assert_array_equal(got["native"], exact)
     else:  # (the AMD EPYC of earlier sessions: AVX2, so the 8-lane kernel)
         np.testing.assert_array_equal(got["native"], got["Haswell-noTSX"])
@@ -152,11 +153,6 @@ def test_wide_1x1_layers_give_the_same_bits_by_either_kernel(tmp_path):
                 "native direct=2"):
         got = _run(art, cpu, 1, tmp_path / "x.npy", tmp_path / cpu.replace(" ", "-").replace(",", "-"))
         np.testing.assert_array_equal(got.reshape(exact.shape), exact, err_msg=cpu)
-
-
-def _native_has_avx512() -> bool:
-    with open("/proc/cpuinfo") as f:
-        return any(line.startswith("flags") and " avx512f " in f" {line.split(':', 1)[1]} " for line in f)
 
 
 def test_the_x86_library_carries_the_direct_kernel_and_only_x86_keys_it(monkeypatch):

@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from clirun import host_cpu_flags
 from conftest import run_edgepack
 from edgepack.runner import command_for_cpu
 
@@ -106,7 +107,7 @@ def test_tvm_artifact_picks_the_isa_by_cpuid(tiny_cnn, reference, tmp_path):
     assert levels == ["x86-64", "x86-64-v4", "x86-64-v3"]
     assert all(not lv.get("missing_kernels") for lv in manifest["backend"]["isa_levels"])
     x_path, want = reference
-    host = "x86-64-v4" if "avx512f" in open("/proc/cpuinfo").read() else "x86-64-v3"
+    host = "x86-64-v4" if "avx512f" in host_cpu_flags() else "x86-64-v3"
     for cpu in CPUS:
         st = _run(art, cpu, ["selftest", "--json"])
         assert st.returncode == 0 and json.loads(st.stdout)["result"] == "PASS", f"{cpu}: {st.stdout}{st.stderr}"
