@@ -21,8 +21,8 @@ from .quantized import _live, _Lowering
 @dataclass(frozen=True, eq=False)
 class QuantisedLstm:
     """One lowered DynamicQuantizeLSTM: X fake-quantised (x_fq = x_centred * x_scale) and its weights
-    as integers less their zero points ([dirs, 4h, K], ONNX LSTM's layout) with one scale per
-    direction (None where the scales are per channel)."""
+    ([dirs, 4h, K], ONNX LSTM's layout): the integers less their zero points with one scale per
+    direction, or, where the scales are per channel (scale None), the dequantised weights."""
     x_fq: str
     x_centred: str
     x_scale: str
@@ -52,9 +52,8 @@ def lower_lstm(lw: _Lowering, node) -> None:
         w = lw.consts[q].astype(np.float32)
         s = lw.consts[scale].astype(np.float32).reshape(-1, 1, 1)
         z = lw.consts[zp].astype(np.float32).reshape(-1, 1, 1) if zp else 0.0
-        ints = (w - z).transpose(0, 2, 1)
-        per_direction = s.size in (1, w.shape[0])
-        return ((w - z) * s).transpose(0, 2, 1), ints, np.broadcast_to(s.reshape(-1), (w.shape[0],)) if per_direction else None
+        per_direction = np.broadcast_to(s.reshape(-1), (w.shape[0],)) if s.size in (1, w.shape[0]) else None
+        return ((w - z) * s).transpose(0, 2, 1), (w - z).transpose(0, 2, 1), per_direction
 
     w, w_int, w_scale = weight(ins[1], ins[8], ins[9])
     r, r_int, r_scale = weight(ins[2], ins[10], ins[11])
