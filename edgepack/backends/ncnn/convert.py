@@ -35,7 +35,7 @@ from . import (dilated_conv, erf_gelu, fuse, memory, recurrent_forms, reduce_max
                tanh_gelu, token_ids)
 from .rewrite import VERSION as REWRITE_VERSION
 from .reduce_max import reduce_maxes_for_ncnn
-from .rewrite import rewrite_for_ncnn
+from .rewrite import rewrite_for_ncnn, split_sum_of_squares
 
 PNNX_VERSION = "20261020"
 PNNX_MAX_IR_VERSION = 13  # the onnxruntime (1.30) inside that pnnx reads IR versions up to 13
@@ -252,12 +252,13 @@ def _checked(root: Path, model: LoadedModel, layers, rewrites: tuple[str, ...], 
 
 def _batched(proto, log) -> tuple[object, tuple[str, ...]]:
     """The speed rewrites on ``proto``, in order: fuse.batch_shared_products, fuse.gemv_as_gemm,
-    strided_conv.strided_convs_as_rows, strided_conv.wide_convs_as_rows,
+    rewrite.split_sum_of_squares, strided_conv.strided_convs_as_rows, strided_conv.wide_convs_as_rows,
     dilated_conv.dilated_convs_as_phases, erf_gelu.erf_gelus_as_gelu, tanh_gelu.tanh_gelus_as_gelu:
     (the graph pnnx gets, the rewrites it names)."""
     notes = []
     for fn, what in ((batch_shared_products, "batching shared-weight products"),
                      (gemv_as_gemm, "one-row products as Gemm"),
+                     (split_sum_of_squares, "sums of squared channel ranges as slices"),
                      (strided_convs_as_rows, "strided few-channel Conv1D as a 2-D Convolution of one row"),
                      (wide_convs_as_rows, "many-channel Conv1D as a 2-D Convolution of one row"),
                      (dilated_convs_as_phases, "height-dilated 3x3 Convs over their row phases"),

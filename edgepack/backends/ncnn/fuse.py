@@ -22,11 +22,11 @@ from onnx import helper, numpy_helper
 
 from ...onnx_index import tensor_infos
 
-VERSION = 10  # part of the conversion cache key: bump when the rewritten graph changes; 2: gemv_as_gemm;
+VERSION = 11  # part of the conversion cache key: bump when the rewritten graph changes; 2: gemv_as_gemm;
 # 3: strided_conv.strided_convs_over_hops; 4: erf_gelu.erf_gelus_as_gelu; 5: zero taps trimmed;
 # 6: strided_conv.strided_convs_as_rows instead of hop channels; 7: tanh_gelu.tanh_gelus_as_gelu;
 # 8: dilated_conv.dilated_convs_as_phases; 9: strided_conv.wide_convs_as_rows;
-# 10: not for pointwise Conv1Ds
+# 10: not for pointwise Conv1Ds; 11: rewrite.split_sum_of_squares
 
 
 def _attrs(node) -> tuple:
