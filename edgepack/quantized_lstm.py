@@ -93,7 +93,8 @@ def quantise_recurrence(proto: onnx.ModelProto, lstms: list[QuantisedLstm], coun
                         kinds[name] = (lstm, which, d)
     lw = _Lowering(unrolled, infer=False, tag="lh")
     shapes = _static_shapes(unrolled)
-    steps, summed, time_major, ints = 0, 0, {}, {}
+    steps, summed, time_major = 0, 0, {}
+    ints: dict[tuple, tuple[str, str]] = {}   # (lstm, which, direction) -> (integer weight, its scale)
     for node in unrolled.graph.node:
         scaled = None
         if node.op_type == "MatMul" and node.input[1] in kinds:
@@ -101,19 +102,21 @@ def quantise_recurrence(proto: onnx.ModelProto, lstms: list[QuantisedLstm], coun
             scale = lstm.w_scale if which == "w" else lstm.r_scale
             a = None     # (A's centred integers, A's scale)
             if which == "r":
-                a = lw.quantise_centred(node.input[0])
                 steps += 1
-            elif node.input[0] == lstm.x_fq:
+                if scale is None:        # per-channel scales: the fake-quantised H times the float weight
+                    node.input[0] = lw.fake_quantise(node.input[0])
+                else:
+                    a = lw.quantise_centred(node.input[0])
+            elif scale is not None and node.input[0] == lstm.x_fq:
                 a = (lstm.x_centred, lstm.x_scale)
-            if a and scale is None:      # per-channel scales: the fake-quantised A times the float weight
-                node.input[0] = lw.emit("Mul", list(a)) if which == "r" else node.input[0]
-            elif a:
+            if a:
                 # (A - zp_a) . (W - zp_w), then * (scale_a * scale_w), as onnxruntime's integer GEMMs
                 key = (id(lstm), which, d)
                 if key not in ints:
-                    ints[key] = lw.const((lstm.w if which == "w" else lstm.r)[d].T, f"{which}_int")
-                node.input[0], node.input[1] = a[0], ints[key]
-                scaled = (node.output[0], lw.emit("Mul", [a[1], lw.const(scale[d], f"{which}_scale")]))
+                    ints[key] = (lw.const((lstm.w if which == "w" else lstm.r)[d].T, f"{which}_int"),
+                                 lw.const(scale[d], f"{which}_scale"))
+                node.input[0], node.input[1] = a[0], ints[key][0]
+                scaled = (node.output[0], lw.emit("Mul", [a[1], ints[key][1]]))
                 node.output[0] = lw.name(node.output[0])
                 summed += 1
         lw.nodes.extend(_batch_axis_free(lw, node, shapes, time_major))

@@ -622,21 +622,21 @@ def _split_sum_of_squares(model: onnx.ModelProto) -> int:
                 or not 2 <= r_shape[1] <= 4 or _axes_of(gr, node) not in ([1], [-3]) or gr.only_reader(r.output[0]) is not node:
             continue
         k, f = r_shape[1], r_shape[2]
-        squares = []
+        nodes, squared = [], []
         for i in range(k):
             part = gr.fresh(node.output[0] + "_part")
             ins = [r.input[0], gr.add_const("starts", np.array([i * f], np.int64)),
                    gr.add_const("ends", np.array([(i + 1) * f], np.int64)), gr.add_const("axes", np.array([1], np.int64))]
-            squares += [helper.make_node("Slice", ins, [part], name=gr.fresh("slice")),
-                        helper.make_node("Mul", [part, part], [part + "_sq"], name=gr.fresh("square"))]
-        acc = squares[1].output[0]
-        chain = []
-        for i in range(1, k):
+            nodes += [helper.make_node("Slice", ins, [part], name=gr.fresh("slice")),
+                      helper.make_node("Mul", [part, part], [part + "_sq"], name=gr.fresh("square"))]
+            squared.append(part + "_sq")
+        acc = squared[0]
+        for i, sq in enumerate(squared[1:], 1):
             out = node.output[0] if i == k - 1 else gr.fresh(node.output[0] + "_sum")
-            chain.append(helper.make_node("Add", [acc, squares[2 * i + 1].output[0]], [out], name=gr.fresh("add")))
+            nodes.append(helper.make_node("Add", [acc, sq], [out], name=gr.fresh("add")))
             acc = out
         plan[index[r.output[0]]] = []
-        plan[pos] = squares + chain
+        plan[pos] = nodes
         fired += 1
     return _apply(gr.g, plan, fired)
 
