@@ -146,7 +146,7 @@ def test_quantised_matmul_runs_in_int8_and_matches_onnxruntime(int8_model, tmp_p
 def test_quantised_lstm_projects_its_input_in_int8(tmp_path):
     """quantize_dynamic's DynamicQuantizeLSTM (edgepack/quantized_lstm.py): X's projection sums centred
     integers and scales after, as onnxruntime does, so the int8 Gemm takes it (both directions); the
-    artifact matches onnxruntime."""
+    artifact matches onnxruntime. Each dynamic quantisation is one engine layer (EpDynQuant)."""
     from onnxruntime.quantization import quantize_dynamic
     rng = np.random.default_rng(5)
     hidden, inp, seq = 32, 64, 20
@@ -171,6 +171,10 @@ def test_quantised_lstm_projects_its_input_in_int8(tmp_path):
     quantize_dynamic(src, dst)
     assert "DynamicQuantizeLSTM" in [n.op_type for n in onnx.load(dst).graph.node]
     art = build_fp32_ncnn(dst, tmp_path / "dist")
+    # X's quantisation and H's before each step but the first two (H = 0) run as one layer each
+    # (dynamic_quant_fold.py)
+    backend = json.loads((tmp_path / "dist" / "qlstm-x86_64.json").read_text())["backend"]
+    assert backend["dynamic_quant_folds"] == 1 + 2 * (seq - 1), backend["dynamic_quant_folds"]
     x = rng.standard_normal((seq, 1, inp)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     want = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

@@ -24,6 +24,7 @@
 #include "ncnn/c_api.h"
 
 ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_pool.cc */
+int ep_ncnn_register_layers(ncnn_net_t net);                      /* ep_ncnn_layers.cc */
 ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve);        /* ep_ncnn_pool.cc */
 void ep_ncnn_load_reuse(int on); /* libncnn's src/allocator.cpp (load_reuse_patch.py) */
 #if defined(__x86_64__) /* isa_cap_patch.py patches x86_64 builds only */
@@ -347,6 +348,10 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
     trace("start");
     e->net = ncnn_net_create();
     ncnn_net_set_option(e->net, e->opt);
+    if (ep_ncnn_register_layers(e->net) != 0) {
+        ncnn_close(e);
+        return ep_fail(st, EP_ERR_MODEL, "ncnn refused the engine's own layers");
+    }
     const ep_blob *param = &spec->model_blobs[0], *bin = &spec->model_blobs[1];
     if (ncnn_net_load_param_memory(e->net, (const char *)param->data) != 0) {
         ncnn_close(e);

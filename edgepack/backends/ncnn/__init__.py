@@ -12,6 +12,7 @@ from ...reference import POLICY
 from ...resources import runtimes_dir
 from .convert import PNNX_VERSION, convert, pnnx_executable
 from .dedup import deduped
+from .dynamic_quant_fold import fold_dynamic_quant
 from .fake_quant_patch import fold_fake_quant
 from .library import build_library
 from .ops import CONVERSION_DECIDES, SUPPORTED
@@ -63,14 +64,20 @@ class NcnnBackend:
         weights = "fp32" if rung == "fp32" else "fp16"
         converted = convert(req.model, weights, log=req.log)
         param, folds = converted.param, 0
+        # the chains stock ncnn (the conversion check) runs as ~30 layers: one engine layer on every arch
+        text, dq_folds = fold_dynamic_quant(converted.param.read_text(), converted.output_blobs)
+        if dq_folds:
+            req.log(f"dynamic quantisation: {dq_folds} chains run as one EpDynQuant layer each")
         if req.target.arch == "x86_64":
             # the chains stock ncnn (the conversion check) runs as four layers, one Clip in edgepack's x86 library
-            text, folds = fold_fake_quant(converted.param.read_text(), converted.output_blobs)
+            text, folds = fold_fake_quant(text, converted.output_blobs)
             if folds:
-                req.workdir.mkdir(parents=True, exist_ok=True)
-                param = req.workdir / f"model-{converted.key}.x86.param"  # one per conversion (rungs share workdir)
-                param.write_text(text)
                 req.log(f"fake quantisation: {folds} divide-round-clip chains run as one pass each")
+        if folds or dq_folds:
+            req.workdir.mkdir(parents=True, exist_ok=True)
+            # one per conversion and arch (rungs share workdir)
+            param = req.workdir / f"model-{converted.key}.{req.target.arch}.param"
+            param.write_text(text)
         # a weight pnnx wrote once per layer using it is embedded once (model_blobs[2] maps it back)
         dedup = deduped(converted.bin)
         blobs = (param, dedup.weights, dedup.segment_map) if dedup else (param, converted.bin)
@@ -90,7 +97,8 @@ class NcnnBackend:
             options[f"ncnn.out_batch.{i}"] = b
         return EngineBuild(
             backend=self.name,
-            sources=(runtimes_dir() / "ncnn" / "ep_engine_ncnn.c", runtimes_dir() / "ncnn" / "ep_ncnn_pool.cc"),
+            sources=(runtimes_dir() / "ncnn" / "ep_engine_ncnn.c", runtimes_dir() / "ncnn" / "ep_ncnn_pool.cc",
+                     runtimes_dir() / "ncnn" / "ep_ncnn_layers.cc"),
             include_dirs=(lib.include,),
             link_inputs=(layer_obj, lib.lib),
             model_blobs=blobs,
@@ -104,6 +112,7 @@ class NcnnBackend:
                       "exact_integer_convolutions": sums_integers(req.model.proto),
                       "onnx_rewrites": list(converted.rewrites),
                       "fake_quant_folds": folds,
+                      "dynamic_quant_folds": dq_folds,
                       "weights_dedup": dedup.manifest() if dedup else None},
             weight_bytes=sum(p.stat().st_size for p in blobs[1:]),  # embedded: stored bytes (+ map)
         )

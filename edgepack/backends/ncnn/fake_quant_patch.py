@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .exact_div_patch import EXACT_DIV_MACRO
+from .param_graph import Line, is_float
 from .source_patch import apply_file_edits, file_edits_key
 
 FAKE_QUANT_PATCH_VERSION = 3  # 2: the quotient by FMA corrections where it is rounded and clamped; 3: a channel split among threads
@@ -317,40 +318,12 @@ def patch_fake_quant(src: Path) -> None:
 
 # ---- the .param side ----
 
-def _is_float(text: str) -> bool:
-    """Whether ncnn's ParamDict reads this value as a float (it does for a '.', 'e' or 'E' in it),
-    and it is a finite number."""
-    if not any(c in text for c in ".eE"):
-        return False
-    try:
-        v = float(text)
-    except ValueError:
-        return False
-    return v == v and abs(v) != float("inf")
-
-
-class _Line:
-    """One layer line of a .param: type, name, bottoms, tops and its key=value fields."""
-
-    def __init__(self, text: str):
-        t = text.split()
-        self.text = text
-        self.type, self.name = t[0], t[1]
-        n_in, n_out = int(t[2]), int(t[3])
-        self.bottoms = t[4:4 + n_in]
-        self.tops = t[4 + n_in:4 + n_in + n_out]
-        self.fields = dict(kv.split("=", 1) for kv in t[4 + n_in + n_out:] if "=" in kv)
-
-    def one_to_one(self) -> bool:
-        return len(self.bottoms) == 1 and len(self.tops) == 1
-
-
-def _scalar_op(line: _Line, op: str) -> str | None:
+def _scalar_op(line: Line, op: str) -> str | None:
     """The scalar of a `BinaryOp x <op> scalar` line (op "3" divide, "2" multiply), else None."""
     f = line.fields
     if line.type != "BinaryOp" or not line.one_to_one() or set(f) != {"0", "1", "2"}:
         return None
-    return f["2"] if f["0"] == op and f["1"] == "1" and _is_float(f["2"]) and float(f["2"]) != 0.0 else None
+    return f["2"] if f["0"] == op and f["1"] == "1" and is_float(f["2"]) and float(f["2"]) != 0.0 else None
 
 
 def fold_fake_quant(param_text: str, outputs: tuple[str, ...] = ()) -> tuple[str, int]:
@@ -360,7 +333,7 @@ def fold_fake_quant(param_text: str, outputs: tuple[str, ...] = ()) -> tuple[str
     lines = param_text.strip().splitlines()
     if len(lines) < 2:
         return param_text, 0
-    layers = [_Line(s) for s in lines[2:] if s.strip()]
+    layers = [Line(s) for s in lines[2:] if s.strip()]
     readers: dict[str, list[int]] = {}
     for i, layer in enumerate(layers):
         for b in layer.bottoms:
@@ -386,7 +359,7 @@ def fold_fake_quant(param_text: str, outputs: tuple[str, ...] = ()) -> tuple[str
         c = next_of(r)
         clip = layers[c] if c is not None else None
         if (clip is None or clip.type != "Clip" or not clip.one_to_one() or set(clip.fields) != {"0", "1"}
-                or not all(_is_float(clip.fields[k]) for k in ("0", "1"))):
+                or not all(is_float(clip.fields[k]) for k in ("0", "1"))):
             continue
         chain = [r, c]   # the links after the division, dropped
         fields = f"0={clip.fields['0']} 1={clip.fields['1']} {DIV_KEY}={s} {ROUND_KEY}=1"
