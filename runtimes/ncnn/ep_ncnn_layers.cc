@@ -14,11 +14,18 @@
  *   scale = span / 255 + relu(1 - span * 2^100)   (1 for an all-zero tensor, as onnxruntime)
  *   zp = round(clip(nlo / scale, 0, 255))
  *   centred = clip(round(x / scale) + zp, 0, 255) - zp
- * with rounding half to even and IEEE division (this file is built without -ffast-math); only the sign
- * of a zero may differ (ncnn's round keeps -0, the adder here gives +0), which no sum or product sees.
+ * with rounding half to even and IEEE division (this file is built without -ffast-math), four lanes
+ * at a time (SSE2, the x86_64 baseline; NEON). Only the sign of a zero may differ from the chain's
+ * (max(-x) is taken as -min(x)), which no sum or product sees.
  * bottom: x (any shape and packing); tops: centred (x's shape and packing), scale and zp (one float
  * each). */
 #include <math.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <vector>
 
@@ -29,13 +36,12 @@
 
 namespace {
 
-/* Round half to even for |v| < 2^22 by the float adder (SSE2 has no rounding instruction, and rintf
- * is a call per element there). Larger |v| keep their sign and a magnitude above 255, which is all
- * the clip after it reads. */
-inline float round_even(float v) {
-    const float magic = 12582912.0f; /* 1.5 * 2^23 */
-    return v >= 0.f ? (v + magic) - magic : (v - magic) + magic;
-}
+/* Round half to even by the float adder: exact for |v| < 2^22 (SSE2 has no rounding instruction,
+ * and rintf is a call per element there). Larger |v| keep their sign and a magnitude above 255, which
+ * is all the clip after it reads. Done on |v| with the sign put back, as ncnn's round keeps it. */
+const float kMagic = 12582912.0f; /* 1.5 * 2^23 */
+
+inline float round_even(float v) { return copysignf((fabsf(v) + kMagic) - kMagic, v); }
 
 inline float relu(float v) { return v < 0.f ? 0.f : v; }
 
@@ -43,6 +49,64 @@ inline float clip255(float v) {
     if (v < 0.f) v = 0.f;
     if (v > 255.f) v = 255.f;
     return v;
+}
+
+/* mx = max(mx, max p[0..n)), mn = min(mn, min p[0..n)) */
+void extremes(const float *p, size_t n, float &mx, float &mn) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    __m128 vmx = _mm_set1_ps(mx), vmn = _mm_set1_ps(mn);
+    for (; i + 4 <= n; i += 4) {
+        __m128 v = _mm_loadu_ps(p + i);
+        vmx = _mm_max_ps(vmx, v);
+        vmn = _mm_min_ps(vmn, v);
+    }
+    float a[4], b[4];
+    _mm_storeu_ps(a, vmx);
+    _mm_storeu_ps(b, vmn);
+    for (int k = 0; k < 4; k++) {
+        mx = a[k] > mx ? a[k] : mx;
+        mn = b[k] < mn ? b[k] : mn;
+    }
+#elif defined(__aarch64__)
+    float32x4_t vmx = vdupq_n_f32(mx), vmn = vdupq_n_f32(mn);
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(p + i);
+        vmx = vmaxq_f32(vmx, v);
+        vmn = vminq_f32(vmn, v);
+    }
+    mx = vmaxvq_f32(vmx);
+    mn = vminvq_f32(vmn);
+#endif
+    for (; i < n; i++) {
+        mx = p[i] > mx ? p[i] : mx;
+        mn = p[i] < mn ? p[i] : mn;
+    }
+}
+
+/* o = clip(round(p / scale) + zp, 0, 255) - zp over n floats */
+void centre(const float *p, float *o, size_t n, float scale, float zp) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    const __m128 vs = _mm_set1_ps(scale), vz = _mm_set1_ps(zp), magic = _mm_set1_ps(kMagic);
+    const __m128 sign = _mm_set1_ps(-0.f), lo = _mm_setzero_ps(), hi = _mm_set1_ps(255.f);
+    for (; i + 4 <= n; i += 4) {
+        __m128 q = _mm_div_ps(_mm_loadu_ps(p + i), vs);
+        __m128 s = _mm_and_ps(q, sign);
+        __m128 r = _mm_or_ps(_mm_sub_ps(_mm_add_ps(_mm_andnot_ps(sign, q), magic), magic), s);
+        __m128 y = _mm_min_ps(_mm_max_ps(_mm_add_ps(r, vz), lo), hi);
+        _mm_storeu_ps(o + i, _mm_sub_ps(y, vz));
+    }
+#elif defined(__aarch64__)
+    const float32x4_t vs = vdupq_n_f32(scale), vz = vdupq_n_f32(zp);
+    const float32x4_t lo = vdupq_n_f32(0.f), hi = vdupq_n_f32(255.f);
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t r = vrndnq_f32(vdivq_f32(vld1q_f32(p + i), vs)); /* half to even, as ncnn's round */
+        float32x4_t y = vminq_f32(vmaxq_f32(vaddq_f32(r, vz), lo), hi);
+        vst1q_f32(o + i, vsubq_f32(y, vz));
+    }
+#endif
+    for (; i < n; i++) o[i] = clip255(round_even(p[i] / scale) + zp) - zp;
 }
 
 class EpDynQuant : public ncnn::Layer {
@@ -60,15 +124,9 @@ public:
         /* channels (dims 3 and 4) lie cstep apart; within one, w*h*d*elempack floats */
         const int channels = x.dims >= 3 ? x.c : 1;
         const size_t per = (size_t)x.w * x.h * x.d * x.elempack;
-        float mx = -INFINITY, nmx = -INFINITY;
-        for (int q = 0; q < channels; q++) {
-            const float *p = x.channel(q);
-            for (size_t i = 0; i < per; i++) {
-                mx = p[i] > mx ? p[i] : mx;
-                nmx = -p[i] > nmx ? -p[i] : nmx;
-            }
-        }
-        const float hi = relu(mx), nlo = relu(nmx);
+        float mx = -INFINITY, mn = INFINITY;
+        for (int q = 0; q < channels; q++) extremes(x.channel(q), per, mx, mn);
+        const float hi = relu(mx), nlo = relu(-mn); /* max(-x) is -min(x) */
         const float span = hi + nlo;
         const float scale = span / 255.f + relu(1.f - span * 0x1p100f);
         const float zp = round_even(clip255(nlo / scale));
@@ -80,12 +138,7 @@ public:
         if (out.empty() || tops[1].empty() || tops[2].empty()) return -100;
         ((float *)tops[1].data)[0] = scale;
         ((float *)tops[2].data)[0] = zp;
-        for (int q = 0; q < channels; q++) {
-            const float *p = x.channel(q);
-            float *o = out.channel(q);
-            for (size_t i = 0; i < per; i++)
-                o[i] = clip255(round_even(p[i] / scale) + zp) - zp;
-        }
+        for (int q = 0; q < channels; q++) centre(x.channel(q), out.channel(q), per, scale, zp);
         return 0;
     }
 };
