@@ -237,3 +237,30 @@ def test_gemm_pair16_patch_is_x86_only_after_the_avx2_pairs_and_covers_each_colu
     # the panel below skips exactly the columns summed with it, in both GEMMs
     for text in (gp._LOOP_NEW, gp._WG_PANEL_NEW, gp._GEMM_LOOP_NEW):
         assert "jj = ep_n16;" in text and "pB += ep_n16 * max_kk;" in text and "outptr += ep_n16 * 16;" in text
+
+
+def test_int8_gemv_patch_is_x86_only_after_the_kernels_it_shares_and_marks_only_centred_inputs():
+    # it reads weights as fp16_weights_patch leaves them and shares through shared_weights_patch's table
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.int8_gemv_patch import INT8_GEMV_PATCH_KEY, MARK_KEY, _CODE, mark_integer_gemvs
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    x86 = list(dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64"))).items())
+    names = [n for n, _ in x86]
+    assert names.index("int8_gemv_patch") > max(names.index("fp16_weights_patch"), names.index("shared_weights_patch"))
+    assert dict(x86)["int8_gemv_patch"] == INT8_GEMV_PATCH_KEY
+    assert "int8_gemv_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
+    # int8 weights only (the range first: no int conversion of a float past int's), VNNI CPUs, no bias
+    assert "if (!(v >= -128.f && v <= 127.f) || v != (float)(int)v)" in _CODE
+    assert "cpu_support_x86_avx512_vnni() || bias_term || activation_type" in _CODE
+    assert MARK_KEY not in range(0, 19) and MARK_KEY < 30   # InnerProduct reads 0-18; 30-31 are the Layer's
+    param = ("7767517\n6 8\nInput in0 0 1 in0\n"
+             "EpDynQuant dq 1 3 in0 c s z\n"
+             "Split sp 1 2 c c0 c1\n"
+             "Reshape r 1 1 c0 c2 0=512\n"
+             "InnerProduct ip 1 1 c2 y 0=2048 1=0 2=1048576\n"
+             "InnerProduct other 1 1 c1 y2 0=2048 1=0 2=1048576\n")
+    text, n = mark_integer_gemvs(param)
+    lines = {line.split()[1]: line for line in text.splitlines()[2:]}
+    assert n == 1 and lines["ip"].endswith(f"{MARK_KEY}=1") and f"{MARK_KEY}=" not in lines["other"]
+    assert mark_integer_gemvs(param.replace("EpDynQuant", "Quantize")) == (param.replace("EpDynQuant", "Quantize"), 0)

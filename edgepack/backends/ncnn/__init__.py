@@ -14,6 +14,7 @@ from .convert import PNNX_VERSION, convert, pnnx_executable
 from .dedup import deduped
 from .dynamic_quant_fold import fold_dynamic_quant
 from .fake_quant_patch import fold_fake_quant
+from .int8_gemv_patch import mark_integer_gemvs
 from .library import build_library
 from .ops import CONVERSION_DECIDES, SUPPORTED
 from .prune import pruned_layer_object
@@ -63,7 +64,7 @@ class NcnnBackend:
         rung = req.precision if req.precision in RUNGS else self.precision_ladder(req.target, req.precision)[0]
         weights = "fp32" if rung == "fp32" else "fp16"
         converted = convert(req.model, weights, log=req.log)
-        param, folds = converted.param, 0
+        param, folds, gemvs = converted.param, 0, 0
         # the chains stock ncnn (the conversion check) runs as ~30 layers: one engine layer on every arch
         text, dq_folds = fold_dynamic_quant(converted.param.read_text(), converted.output_blobs)
         if dq_folds:
@@ -73,6 +74,8 @@ class NcnnBackend:
             text, folds = fold_fake_quant(text, converted.output_blobs)
             if folds:
                 req.log(f"fake quantisation: {folds} divide-round-clip chains run as one pass each")
+            # products of the centred integers by integer weights: int8 quads in edgepack's x86 library
+            text, gemvs = mark_integer_gemvs(text)
         if folds or dq_folds:
             req.workdir.mkdir(parents=True, exist_ok=True)
             # one per conversion and arch (rungs share workdir)
@@ -113,6 +116,7 @@ class NcnnBackend:
                       "onnx_rewrites": list(converted.rewrites),
                       "fake_quant_folds": folds,
                       "dynamic_quant_folds": dq_folds,
+                      "integer_gemvs_marked": gemvs,
                       "weights_dedup": dedup.manifest() if dedup else None},
             weight_bytes=sum(p.stat().st_size for p in blobs[1:]),  # embedded: stored bytes (+ map)
         )
