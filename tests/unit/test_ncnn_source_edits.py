@@ -264,3 +264,19 @@ def test_int8_gemv_patch_is_x86_only_after_the_kernels_it_shares_and_marks_only_
     lines = {line.split()[1]: line for line in text.splitlines()[2:]}
     assert n == 1 and lines["ip"].endswith(f"{MARK_KEY}=1") and f"{MARK_KEY}=" not in lines["other"]
     assert mark_integer_gemvs(param.replace("EpDynQuant", "Quantize")) == (param.replace("EpDynQuant", "Quantize"), 0)
+
+
+def test_flush_denormals_patch_is_x86_only_and_hands_the_bits_to_workers():
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.flush_denormals_patch import _FILE_EDITS, FLUSH_DENORMALS_PATCH_KEY
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    x86 = dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))
+    assert x86["flush_denormals_patch"] == FLUSH_DENORMALS_PATCH_KEY
+    assert "flush_denormals_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
+    edits = dict(_FILE_EDITS)
+    # all three SSE3 guards of cpu.cpp (the include, get and set), and both forks of simpleomp
+    assert [e[3] for e in edits["src/cpu.cpp"]] == [3]
+    omp = {e[0]: e for e in edits["src/simpleomp.cpp"]}
+    assert omp["forks record them"][3] == 2 and "_mm_getcsr() & EP_CSR_DAZ_FTZ" in omp["forks record them"][2]
+    assert "_mm_setcsr(" in omp["workers take them"][2]

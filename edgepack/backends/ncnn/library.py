@@ -36,6 +36,7 @@ from .gemm_pair_patch import GEMM_PAIR_PATCH_KEY, patch_gemm_pair
 from .gru_patch import GRU_PATCH_KEY, patch_gru
 from .int8_gemm_patch import INT8_GEMM_PATCH_KEY, patch_int8_gemm
 from .int8_gemv_patch import INT8_GEMV_PATCH_KEY, patch_int8_gemv
+from .flush_denormals_patch import FLUSH_DENORMALS_PATCH_KEY, patch_flush_denormals
 from .integer_winograd_patch import INTEGER_WINOGRAD_PATCH_KEY, patch_integer_winograd
 from .isa_cap_patch import ISA_CAP_PATCH_KEY, patch_isa_cap
 from .load_reuse_patch import LOAD_REUSE_PATCH_KEY, patch_load_reuse
@@ -75,7 +76,8 @@ def _arch_patches(target: Target) -> tuple:
         ("int8_gemv_patch", INT8_GEMV_PATCH_KEY, patch_int8_gemv),
         ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block), ("gelu_erf_patch", GELU_ERF_PATCH_KEY, patch_gelu_erf),
         ("fake_quant_patch", FAKE_QUANT_PATCH_KEY, patch_fake_quant),
-        ("winograd_strips_patch", WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips))
+        ("winograd_strips_patch", WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips),
+        ("flush_denormals_patch", FLUSH_DENORMALS_PATCH_KEY, patch_flush_denormals))
 
 
 BASE_OPTIONS = {
