@@ -26,7 +26,7 @@ from pathlib import Path
 from .param_graph import join_param, split_param
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMV_PATCH_VERSION = 1
+INT8_GEMV_PATCH_VERSION = 2  # 2: weights checked only where no shared kernel has them (start-up)
 MARK_KEY = 28   # InnerProduct param key the fold writes (ncnn's InnerProduct reads 0-18; the Layer base 30-31)
 
 _H_OLD = "    virtual int load_model(const ModelBin& mb);\n"
@@ -90,18 +90,20 @@ bool InnerProduct_x86::ep_take_i8(const Option& opt)
     const int num_input = weight_data_size / num_output;
     if (num_input <= 0 || num_input > 65536 || (weight_data.elemsize != 2u && weight_data.elemsize != 4u))
         return false;
-    const size_t n = (size_t)num_input * num_output;
-    for (size_t i = 0; i < n; i++)
-    {
-        const float v = weight_data.elemsize == 2u ? float16_to_float32(((const unsigned short*)weight_data.data)[i]) : ((const float*)weight_data.data)[i];
-        if (!(v >= -128.f && v <= 127.f) || v != (float)(int)v)
-            return false;
-    }
     const int K4 = (num_input + 3) / 4;
     const size_t bytes = (size_t)K4 * 64 * (num_output / 16);
+    // a shared kernel was packed from these weights, which passed the check: each distinct weight is
+    // checked and packed once (38 LSTM steps checking 1M weights each took 120 ms of start-up)
     const EpKernelKey key = ep_kernel_key(weight_data, num_output, 12);
     if (!ep_take_shared(key, ep_w8))
     {
+        const size_t n = (size_t)num_input * num_output;
+        for (size_t i = 0; i < n; i++)
+        {
+            const float v = weight_data.elemsize == 2u ? float16_to_float32(((const unsigned short*)weight_data.data)[i]) : ((const float*)weight_data.data)[i];
+            if (!(v >= -128.f && v <= 127.f) || v != (float)(int)v)
+                return false;
+        }
         Mat packed;
         packed.create((int)(bytes + (size_t)num_output * 4), (size_t)1u); // the default allocator: shareable
         if (packed.empty())
