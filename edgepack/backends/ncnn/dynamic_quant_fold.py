@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import struct
 
-from .param_graph import Line, is_float, join_param, split_param, toposorted
+from .param_graph import Graph, Line, is_float, join_param, split_param, toposorted
 
 LAYER_TYPE = "EpDynQuant"
 
@@ -30,43 +30,6 @@ def _f32(text: str) -> float | None:
     if not is_float(text):
         return None
     return struct.unpack("<f", struct.pack("<f", float(text)))[0]
-
-
-class _Graph:
-    def __init__(self, layers: list[Line]):
-        self.layers = layers
-        self.producer = {t: i for i, layer in enumerate(layers) for t in layer.tops}
-        self.readers: dict[str, list[tuple[int, int]]] = {}
-        for i, layer in enumerate(layers):
-            for slot, b in enumerate(layer.bottoms):
-                self.readers.setdefault(b, []).append((i, slot))
-
-    def value(self, blob: str) -> str:
-        """The blob a Split copied `blob` from (through any number of Splits)."""
-        while blob in self.producer and self.layers[self.producer[blob]].type == "Split":
-            blob = self.layers[self.producer[blob]].bottoms[0]
-        return blob
-
-    def uses(self, blob: str) -> list[tuple[int, int]]:
-        """(layer, input slot) of every non-Split reader of `blob`, through Splits."""
-        out = []
-        for i, slot in self.readers.get(blob, []):
-            if self.layers[i].type == "Split":
-                for t in self.layers[i].tops:
-                    out += self.uses(t)
-            else:
-                out.append((i, slot))
-        return out
-
-    def splits(self, blob: str) -> list[int]:
-        """The Split layers that copy `blob`, through Splits."""
-        out = []
-        for i, _ in self.readers.get(blob, []):
-            if self.layers[i].type == "Split":
-                out.append(i)
-                for t in self.layers[i].tops:
-                    out += self.splits(t)
-        return out
 
 
 class _NoMatch(Exception):
@@ -94,7 +57,7 @@ def _is(layer: Line, kind: str, fields: dict[str, float | str] | None = None, n_
 class _Chain:
     """One matched chain: its layers, x's blob, and the blobs outside readers take from it."""
 
-    def __init__(self, g: _Graph, pool: int):
+    def __init__(self, g: Graph, pool: int):
         self.g, self.members = g, set()
         L = g.layers
         gmp = {"0": "0", "4": "1"}
@@ -222,7 +185,7 @@ def fold_dynamic_quant(param_text: str, outputs: tuple[str, ...] = ()) -> tuple[
     if parsed is None:
         return param_text, 0
     magic, layers = parsed
-    g = _Graph(layers)
+    g = Graph(layers)
     chains: list[_Chain] = []
     taken: set[int] = set()
     for i, layer in enumerate(layers):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .param_graph import join_param, split_param
+from .param_graph import Graph, join_param, split_param
 from .source_patch import apply_file_edits, file_edits_key
 
 INT8_GEMV_PATCH_VERSION = 2  # 2: weights checked only where no shared kernel has them (start-up)
@@ -232,13 +232,9 @@ def mark_integer_gemvs(param_text: str) -> tuple[str, int]:
     if parsed is None:
         return param_text, 0
     magic, layers = parsed
-    producer = {t: layer for layer in layers for t in layer.tops}
-
-    def value(blob: str) -> str:
-        while blob in producer and producer[blob].type == "Split":
-            blob = producer[blob].bottoms[0]
-        return blob
-
+    g = Graph(layers)
+    producer = {t: layers[i] for t, i in g.producer.items()}
+    value = g.value
     centred = {layer.tops[0] for layer in layers if layer.type == "EpDynQuant"}
     marked = 0
     for layer in layers:

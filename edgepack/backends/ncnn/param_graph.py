@@ -77,3 +77,42 @@ def toposorted(layers: list[Line]) -> list[Line]:
     if len(out) != len(layers):
         raise ValueError("the .param's layers read each other in a cycle")
     return out
+
+
+class Graph:
+    """Who makes and who reads each blob of a .param's layers; Splits can be looked through."""
+
+    def __init__(self, layers: list[Line]):
+        self.layers = layers
+        self.producer = {t: i for i, layer in enumerate(layers) for t in layer.tops}
+        self.readers: dict[str, list[tuple[int, int]]] = {}
+        for i, layer in enumerate(layers):
+            for slot, b in enumerate(layer.bottoms):
+                self.readers.setdefault(b, []).append((i, slot))
+
+    def value(self, blob: str) -> str:
+        """The blob a Split copied `blob` from (through any number of Splits)."""
+        while blob in self.producer and self.layers[self.producer[blob]].type == "Split":
+            blob = self.layers[self.producer[blob]].bottoms[0]
+        return blob
+
+    def uses(self, blob: str) -> list[tuple[int, int]]:
+        """(layer, input slot) of every non-Split reader of `blob`, through Splits."""
+        out = []
+        for i, slot in self.readers.get(blob, []):
+            if self.layers[i].type == "Split":
+                for t in self.layers[i].tops:
+                    out += self.uses(t)
+            else:
+                out.append((i, slot))
+        return out
+
+    def splits(self, blob: str) -> list[int]:
+        """The Split layers that copy `blob`, through Splits."""
+        out = []
+        for i, _ in self.readers.get(blob, []):
+            if self.layers[i].type == "Split":
+                out.append(i)
+                for t in self.layers[i].tops:
+                    out += self.splits(t)
+        return out
