@@ -33,6 +33,7 @@ from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prep
 from .quantized import lower_quantized
 from .scan_framing import lower_framing_scans
 from .signal_lowering import lower_dft, lower_stft
+from .spelled_out import fold_spelled_out
 from .reference import (POLICY, Comparison, Tolerance, check_input_sizes, compare, output_scale, random_inputs,
                         realistic_inputs, run_onnxruntime, uninformative_outputs)
 from .progress import StepProgress
@@ -206,12 +207,13 @@ class TargetResult:
 def lowered_for_backends(model: LoadedModel, simplify_graph: bool = True) -> LoadedModel:
     """The graph every backend is given (and `edgepack inspect` shows): onnxruntime's dynamic-int8 ops
     as float ops, simplified, then the Ifs decided by data as Where (control_flow.py), STFTs as
-    convolutions and DFTs as MatMuls (signal_lowering.py), framing Scans as Gathers (scan_framing.py)."""
+    convolutions and DFTs as MatMuls (signal_lowering.py), framing Scans as Gathers (scan_framing.py),
+    one-hot products as Gathers and written-out softmaxes as Softmax (spelled_out.py)."""
     model = lower_quantized(model)
     if simplify_graph:
         model = simplify(model)      # folds the Ifs whose condition is a constant
     # the others, where both branches are safe to compute; STFT as Conv, framing Scans as Gather, DFT as MatMul
-    lowered = lower_dft(lower_framing_scans(lower_stft(lower_if(model))))
+    lowered = fold_spelled_out(lower_dft(lower_framing_scans(lower_stft(lower_if(model)))))
     if lowered is model:
         return model
     return simplify(lowered) if simplify_graph else lowered
