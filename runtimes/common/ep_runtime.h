@@ -113,6 +113,11 @@ typedef struct {
 extern const ep_model_spec ep_spec; /* generated per artifact */
 
 const char *ep_option_get(const ep_model_spec *spec, const char *key, const char *fallback);
+/* The extent integer input i indexes (option "<prefix>.<i>", a positive integer up to INT32_MAX), 0 for none. */
+long long ep_option_ids(const ep_model_spec *spec, const char *prefix, int i);
+/* Integer ids against the extent they index, as ONNX's Gather takes them: -rows..rows-1, a negative id
+ * counted from the end. Engines whose kernels would read outside the table refuse the input here. */
+int ep_check_ids(const ep_io_spec *s, const ep_tensor *in, long long rows, ep_status *st);
 static inline size_t ep_blob_size(const ep_blob *b) { return b->size ? (size_t)*b->size : 0; }
 
 /* ---- .npy ------------------------------------------------------------------------------- */

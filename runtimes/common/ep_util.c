@@ -267,6 +267,28 @@ const char *ep_option_get(const ep_model_spec *spec, const char *key, const char
     return fallback;
 }
 
+long long ep_option_ids(const ep_model_spec *spec, const char *prefix, int i) {
+    char key[64];
+    snprintf(key, sizeof key, "%s.%d", prefix, i);
+    const char *v = ep_option_get(spec, key, "0");
+    char *end = NULL;
+    long long rows = strtoll(v, &end, 10);
+    return end && *end == '\0' && rows > 0 && rows <= INT32_MAX ? rows : 0;
+}
+
+int ep_check_ids(const ep_io_spec *s, const ep_tensor *in, long long rows, ep_status *st) {
+    if (rows <= 0 || (in->dtype != EP_I64 && in->dtype != EP_I32)) return EP_OK;
+    size_t n = in->nbytes / ep_dtype_size(in->dtype);
+    for (size_t k = 0; k < n; k++) {
+        long long v = in->dtype == EP_I64 ? (long long)((const int64_t *)in->data)[k]
+                                          : (long long)((const int32_t *)in->data)[k];
+        if (v < -rows || v >= rows)
+            return ep_fail(st, EP_ERR_INPUT, "input %s: id %lld (element %zu) is outside the embedding table's %lld rows",
+                           s->name, v, k, rows);
+    }
+    return EP_OK;
+}
+
 int ep_read_file(const char *path, size_t max_bytes, unsigned char **data, size_t *len, ep_status *st) {
     *data = NULL;
     *len = 0;

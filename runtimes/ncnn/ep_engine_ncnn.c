@@ -407,26 +407,19 @@ static int batch_axis_of(const ep_model_spec *spec, const char *prefix, int i) {
 
 /* Rows of the embedding table that integer input i indexes (convert.py: ncnn.in_ids.i), 0 for a float
  * input. ncnn's Embed reads its input's 32-bit words as int ids, so such an input enters ncnn as int32. */
-static long long id_rows_of(const ep_model_spec *spec, int i) {
-    const char *v = indexed(spec, "ncnn.in_ids", i, "0");
-    char *end = NULL;
-    long long rows = strtoll(v, &end, 10);
-    return end && *end == '\0' && rows > 0 && rows <= INT32_MAX ? rows : 0;
-}
+static long long id_rows_of(const ep_model_spec *spec, int i) { return ep_option_ids(spec, "ncnn.in_ids", i); }
 
 /* Integer ids -> the int32 words Embed reads. ONNX's Gather counts a negative id from the table's end
  * and refuses one outside it; ncnn's Embed would clamp it to a row instead, so the check is here. */
 static int ids_to_words(const ep_io_spec *s, const ep_tensor *in, long long rows, int32_t *dst, size_t n,
                         ep_status *st) {
-    for (size_t k = 0; k < n; k++) {
+    int rc = ep_check_ids(s, in, rows, st);
+    for (size_t k = 0; k < n && !rc; k++) {
         long long v = in->dtype == EP_I64 ? (long long)((const int64_t *)in->data)[k]
                                           : (long long)((const int32_t *)in->data)[k];
-        if (v < -rows || v >= rows)
-            return ep_fail(st, EP_ERR_INPUT, "input %s: id %lld (element %zu) is outside the embedding table's %lld rows",
-                           s->name, v, k, rows);
         dst[k] = (int32_t)(v < 0 ? v + rows : v);
     }
-    return EP_OK;
+    return rc;
 }
 
 static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {

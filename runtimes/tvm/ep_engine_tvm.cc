@@ -286,6 +286,9 @@ int tvm_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status
             if (!to_dl(inputs[i].dtype, &dt))
                 return ep_fail(st, EP_ERR_INPUT, "input %s: dtype %s is not supported by the TVM engine",
                                spec->inputs[i].name, ep_dtype_name(inputs[i].dtype));
+            /* ids that index a tensor: TVM's take/gather read where they say (index_bounds.py) */
+            int bad = ep_check_ids(&spec->inputs[i], &inputs[i], ep_option_ids(spec, "tvm.in_ids", i), st);
+            if (bad) return bad;
             if (!fits(e->inputs[i], inputs[i], dt)) {
                 std::vector<int64_t> shape(inputs[i].shape, inputs[i].shape + inputs[i].ndim);
                 e->inputs[i] = Tensor::Empty(ffi::Shape(shape), dt, cpu);

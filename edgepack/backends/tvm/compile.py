@@ -85,7 +85,8 @@ def import_onnx(model: LoadedModel):
     try:
         # the relax importer has no LSTM/GRU: they go in unrolled into primitive ops (ops.DECOMPOSED)
         from ...onnx_lstm import decompose
-        return from_onnx(decompose(model.proto), shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+        from .index_bounds import bounded  # computed indices stay inside their tensors (hostile input)
+        return from_onnx(bounded(decompose(model.proto))[0], shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
     except Exception as exc:  # the frontend raises anything from KeyError to TVMError
         raise BuildError(f"TVM could not import the model: {_first_line(exc)}",
                          hint="fix the input shapes (--input-shape) or try --backend ncnn") from exc
