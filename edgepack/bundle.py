@@ -23,6 +23,11 @@ COMMON_SOURCES = ("ep_util.c", "ep_npy.c", "ep_cli.c", "ep_main.c", "ep_json.c",
 STB_INCLUDE_DIR = Path("/usr/include/stb")
 
 
+# engine sources with parallel loops: compiled with -fopenmp, they fork on the runtime libncnn carries
+# (simpleomp; zig ships no OpenMP library), as ncnn's own layers do
+OPENMP_SOURCES = frozenset({"ep_ncnn_layers.cc"})
+
+
 def image_sources(manifest: dict) -> tuple[str, ...]:
     return ("ep_image.c",) if manifest.get("prepost", {}).get("preprocess") else ("ep_image_none.c",)
 
@@ -271,7 +276,8 @@ def bundle(req: BundleRequest) -> Bundled:
         obj.parent.mkdir(exist_ok=True)
         cxx = src.suffix in (".cc", ".cpp")
         std = ["-std=c++17"] if cxx else (["-std=c11"] if src.suffix == ".c" else [])
-        tc.compile(src, obj, target, cxx=cxx, extra=includes + prefix_maps + std + ["-Wall"], cwd=wd)
+        omp = ["-fopenmp"] if src.name in OPENMP_SOURCES else []
+        tc.compile(src, obj, target, cxx=cxx, extra=includes + prefix_maps + std + omp + ["-Wall"], cwd=wd)
         objs.append(obj)
     tmp = wd / "artifact.tmp"
     tc.link(objs, tmp, target, extra=list(req.engine.link_flags) + [str(p) for p in req.engine.link_inputs]

@@ -5,7 +5,8 @@ channels (ncnn packs them 1, 16, 8, 4 and 1 wide on AVX-512) is built for x86_64
 DynamicQuantizeLinear runs as one layer, and the outputs match onnxruntime's on every x86 CPU model
 (native AVX-512, an AVX2 cap, qemu Haswell and Nehalem), at 1 and 2 threads, and under qemu's Arm, for
 random inputs, an all-zero input (onnxruntime's scale of 1 for an empty range) and an input whose
-quotients fall on halves (rounding half to even)."""
+quotients fall on halves (rounding half to even). The layer runs 16 lanes wide on AVX-512 and 4 on the
+others, and splits tensors of 32k floats and more between threads: the bits stay the same."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ from edgepack.runner import command_for
 from test_ncnn_thread_split import CPUS, build_fp32_ncnn
 
 CHANNELS = (3, 48, 40, 36, 2)
-H, W = 20, 24
+H, W = 40, 48  # 48 x 1920 floats: past EpDynQuant's 32k, split between threads at 2; 3 x 1920 not
 
 
 @pytest.fixture(scope="module")

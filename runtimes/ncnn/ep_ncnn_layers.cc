@@ -14,15 +14,16 @@
  *   scale = span / 255 + relu(1 - span * 2^100)   (1 for an all-zero tensor, as onnxruntime)
  *   zp = round(clip(nlo / scale, 0, 255))
  *   centred = clip(round(x / scale) + zp, 0, 255) - zp
- * with rounding half to even and IEEE division (this file is built without -ffast-math), four lanes
- * at a time (SSE2, the x86_64 baseline; NEON). Only the sign of a zero may differ from the chain's
+ * with rounding half to even and IEEE division (this file is built without -ffast-math), sixteen lanes
+ * at a time on CPUs with AVX-512 (the same operations, so the same bits: the layer was ~7% of
+ * ddddocr_old_int8's time in four-lane loops), else four (SSE2, the x86_64 baseline; NEON). Only the sign of a zero may differ from the chain's
  * (max(-x) is taken as -min(x)), which no sum or product sees.
  * bottom: x (any shape and packing); tops: centred (x's shape and packing), scale and zp (one float
  * each). */
 #include <math.h>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #elif defined(__aarch64__)
 #include <arm_neon.h>
 #endif
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "ncnn/c_api.h"
+#include "ncnn/cpu.h"
 #include "ncnn/layer.h"
 #include "ncnn/mat.h"
 #include "ncnn/net.h"
@@ -109,6 +111,97 @@ void centre(const float *p, float *o, size_t n, float scale, float zp) {
     for (; i < n; i++) o[i] = clip255(round_even(p[i] / scale) + zp) - zp;
 }
 
+#if defined(__x86_64__)
+/* extremes and centre in sixteen lanes, the same operations in the same order per element */
+__attribute__((target("avx512f"))) void extremes16(const float *p, size_t n, float &mx, float &mn) {
+    size_t i = 0;
+    __m512 vmx = _mm512_set1_ps(mx), vmn = _mm512_set1_ps(mn);
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(p + i);
+        vmx = _mm512_max_ps(vmx, v);
+        vmn = _mm512_min_ps(vmn, v);
+    }
+    float a[16], b[16];
+    _mm512_storeu_ps(a, vmx);
+    _mm512_storeu_ps(b, vmn);
+    for (int k = 0; k < 16; k++) {
+        mx = a[k] > mx ? a[k] : mx;
+        mn = b[k] < mn ? b[k] : mn;
+    }
+    extremes(p + i, n - i, mx, mn);
+}
+
+__attribute__((target("avx512f"))) void centre16(const float *p, float *o, size_t n, float scale, float zp) {
+    size_t i = 0;
+    const __m512 vs = _mm512_set1_ps(scale), vz = _mm512_set1_ps(zp), magic = _mm512_set1_ps(kMagic);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    const __m512 lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(255.f);
+    for (; i + 16 <= n; i += 16) {
+        __m512 q = _mm512_div_ps(_mm512_loadu_ps(p + i), vs);
+        __m512i qi = _mm512_castps_si512(q);
+        __m512i s = _mm512_and_si512(qi, sign);
+        __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, qi));
+        __m512 r = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(_mm512_sub_ps(_mm512_add_ps(a, magic), magic)), s));
+        __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(r, vz), lo), hi);
+        _mm512_storeu_ps(o + i, _mm512_sub_ps(y, vz));
+    }
+    centre(p + i, o + i, n - i, scale, zp);
+}
+#endif
+
+/* Tensors of this many floats and more are split between the threads. */
+const size_t kParallelMin = 32768;
+
+bool use_avx512() {
+#if defined(__x86_64__)
+    return ncnn::cpu_support_x86_avx512() != 0;
+#else
+    return false;
+#endif
+}
+
+void scan(bool wide, const float *p, size_t n, float &mx, float &mn) {
+#if defined(__x86_64__)
+    if (wide) return extremes16(p, n, mx, mn);
+#endif
+    (void)wide;
+    extremes(p, n, mx, mn);
+}
+
+void centre_any(bool wide, const float *p, float *o, size_t n, float scale, float zp) {
+#if defined(__x86_64__)
+    if (wide) return centre16(p, o, n, scale, zp);
+#endif
+    (void)wide;
+    centre(p, o, n, scale, zp);
+}
+
+/* Piece k of `pieces` equal parts of the channels' floats (channels lie cstep apart, `per` floats
+ * each): fn(data, channel, offset, count) for each channel span the piece covers, in order. */
+template<typename Fn>
+void over_piece(const ncnn::Mat &x, int channels, size_t per, int k, int pieces, Fn fn) {
+    const size_t total = (size_t)channels * per;
+    const size_t begin = total * k / pieces, end = total * (k + 1) / pieces;
+    for (size_t at = begin; at < end;) {
+        const size_t c = at / per, off = at % per;
+        const size_t n = per - off < end - at ? per - off : end - at;
+        fn((const float *)x.channel((int)c) + off, c, off, n);
+        at += n;
+    }
+}
+
+/* fn(0..pieces-1), one piece a thread on ncnn's OpenMP runtime (simpleomp: this file is compiled with
+ * -fopenmp, bundle.py); one piece runs here, without a fork */
+template<typename Fn>
+void for_pieces(int pieces, Fn fn) {
+    if (pieces == 1) {
+        fn(0);
+        return;
+    }
+    #pragma omp parallel for num_threads(pieces)
+    for (int k = 0; k < pieces; k++) fn(k);
+}
+
 class EpDynQuant : public ncnn::Layer {
 public:
     EpDynQuant() {
@@ -124,8 +217,22 @@ public:
         /* channels (dims 3 and 4) lie cstep apart; within one, w*h*d*elempack floats */
         const int channels = x.dims >= 3 ? x.c : 1;
         const size_t per = (size_t)x.w * x.h * x.d * x.elempack;
+        const bool wide = use_avx512();
+        /* big tensors in one piece per thread (the pieces' extremes combined in order, then each
+         * centres its own): a convolution's input is 100k floats and more, H of an LSTM step 512 */
+        const size_t total = (size_t)channels * per;
+        const int pieces = opt.num_threads > 1 && total >= kParallelMin ? opt.num_threads : 1;
+        std::vector<float> pmx(pieces, -INFINITY), pmn(pieces, INFINITY);
+        for_pieces(pieces, [&](int k) {
+            over_piece(x, channels, per, k, pieces, [&](const float *p, size_t, size_t, size_t n) {
+                scan(wide, p, n, pmx[k], pmn[k]);
+            });
+        });
         float mx = -INFINITY, mn = INFINITY;
-        for (int q = 0; q < channels; q++) extremes(x.channel(q), per, mx, mn);
+        for (int k = 0; k < pieces; k++) {
+            mx = pmx[k] > mx ? pmx[k] : mx;
+            mn = pmn[k] < mn ? pmn[k] : mn;
+        }
         const float hi = relu(mx), nlo = relu(-mn); /* max(-x) is -min(x) */
         const float span = hi + nlo;
         const float scale = span / 255.f + relu(1.f - span * 0x1p100f);
@@ -138,7 +245,11 @@ public:
         if (out.empty() || tops[1].empty() || tops[2].empty()) return -100;
         ((float *)tops[1].data)[0] = scale;
         ((float *)tops[2].data)[0] = zp;
-        for (int q = 0; q < channels; q++) centre(x.channel(q), out.channel(q), per, scale, zp);
+        for_pieces(pieces, [&](int k) {
+            over_piece(x, channels, per, k, pieces, [&](const float *p, size_t c, size_t off, size_t n) {
+                centre_any(wide, p, (float *)out.channel((int)c) + off, n, scale, zp);
+            });
+        });
         return 0;
     }
 };
