@@ -164,3 +164,51 @@ def resident_after_run(artifact: str) -> int:
     found = re.findall(r"ncnn-trace: ran VmRSS=(\d+) kB", proc.stderr)
     assert found, proc.stderr[-2000:]
     return int(found[-1]) * 1024
+
+
+GEMM_ROWS, GEMM_K, GEMM_N = 20, 1024, 4096  # a CRNN-like classifier: 4M weights, 16 MiB packed as fp32
+
+
+def classifier(path: Path) -> Path:
+    rng = np.random.default_rng(13)
+    w = (rng.standard_normal((GEMM_N, GEMM_K)) * 0.03).astype(np.float16).astype(np.float32)  # fp16-exact
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "classifier",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [GEMM_ROWS, GEMM_K])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [GEMM_ROWS, GEMM_N])],
+                          [numpy_helper.from_array(w, "w"),
+                           numpy_helper.from_array(rng.standard_normal(GEMM_N).astype(np.float32), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_memory_lean_keeps_a_classifiers_packed_weights_in_fp16(tmp_path):
+    """fp16 storage, fast against lean (gemm_fp16_b_patch.py): the same bits at 1 and 2 threads, and lean
+    holds the packed B in half the bytes (8 MiB less here)."""
+    model = classifier(tmp_path / "cls.onnx")
+    built = {}
+    for memory in ("fast", "lean"):
+        proc = run_edgepack("build", model, "--target", "x86_64", "--backend", "ncnn", "--memory", memory,
+                            "--out", tmp_path / memory, "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        res = json.loads(proc.stdout)["results"][0]
+        assert res["ok"] and res["precision"] == "fp16-storage", res
+        built[memory] = (res["file"], json.loads(Path(res["file"] + ".json").read_text())["backend"])
+    assert built["lean"][1]["lean_fp16_packed_gemms"] == 1 and "lean_fp16_packed_gemms" not in built["fast"][1]
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(3).standard_normal((GEMM_ROWS, GEMM_K)).astype(np.float32))
+    outs = {}
+    for memory, (art, _) in built.items():
+        for threads in (1, 2):
+            out = tmp_path / f"o_{memory}_{threads}"
+            run = subprocess.run([art, "run", "--input", f"x={x}", "--output", str(out), "--threads", str(threads)],
+                                 capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0, run.stderr
+            outs[(memory, threads)] = np.load(out / "y.npy")
+    first = outs[("fast", 1)]
+    for key, y in outs.items():
+        np.testing.assert_array_equal(y, first, err_msg=str(key))  # the same packed values, widened exactly
+    held = {memory: resident_after_run(art) for memory, (art, _) in built.items()}
+    half = GEMM_N * GEMM_K * 2
+    assert held["lean"] < held["fast"] - 0.75 * half, {k: v / 2**20 for k, v in held.items()}

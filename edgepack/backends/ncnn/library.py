@@ -31,6 +31,7 @@ from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .fake_quant_patch import FAKE_QUANT_PATCH_KEY, patch_fake_quant
 from .fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights
 from .gelu_erf_patch import GELU_ERF_PATCH_KEY, patch_gelu_erf
+from .gemm_fp16_b_patch import GEMM_FP16_B_PATCH_KEY, patch_gemm_fp16_b
 from .gemm_pair16_patch import GEMM_PAIR16_PATCH_KEY, patch_gemm_pair16
 from .gemm_pair_patch import GEMM_PAIR_PATCH_KEY, patch_gemm_pair
 from .gru_patch import GRU_PATCH_KEY, patch_gru
@@ -74,6 +75,7 @@ def _arch_patches(target: Target) -> tuple:
         ("fp16_weights_patch", FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights),
         ("int8_gemm_patch", INT8_GEMM_PATCH_KEY, patch_int8_gemm),
         ("int8_gemv_patch", INT8_GEMV_PATCH_KEY, patch_int8_gemv),
+        ("gemm_fp16_b_patch", GEMM_FP16_B_PATCH_KEY, patch_gemm_fp16_b),
         ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block), ("gelu_erf_patch", GELU_ERF_PATCH_KEY, patch_gelu_erf),
         ("fake_quant_patch", FAKE_QUANT_PATCH_KEY, patch_fake_quant),
         ("winograd_strips_patch", WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips),
