@@ -122,7 +122,9 @@ def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: 
         out = tc_mod._export(ex, workdir, "", {"lib0.o": "lib0.o", f"{prefix}devc.o": "devc.o"})
         out["devc.o"] = out.pop(f"{prefix}devc.o")
     rt = build_runtime(target, tc, log=log)
-    options = {"tvm.entry": "main"} | ({"tvm.prefix": prefix} if prefix else {})
+    from .backends.tvm.index_bounds import guard
+    id_options, id_manifest, id_note = guard(model)  # as TvmBackend.compile: ids checked, indices bounded
+    options = {"tvm.entry": "main"} | ({"tvm.prefix": prefix} if prefix else {}) | id_options
     return EngineBuild(
         backend="tvm", sources=(runtimes_dir() / "tvm" / "ep_engine_tvm.cc",), include_dirs=rt.include_dirs,
         link_inputs=(out["lib0.o"], out["devc.o"]),
@@ -130,8 +132,8 @@ def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: 
         model_blobs=(), options=options, tolerance=TOLERANCES["fp32"],
         manifest={"apache-tvm": TVM_VERSION, "target": target_dict(target), "prefix": prefix,
                   "isa_levels": [{"level": target_dict(target)["mcpu"], "prefix": prefix}],
-                  "tuned": db is not None, "compile_seconds": round(time.monotonic() - t0, 2)},
-        notes=(f"tvm: {why}",), weight_bytes=tc_mod.data_section_bytes(out["devc.o"]))
+                  "tuned": db is not None, "compile_seconds": round(time.monotonic() - t0, 2), **id_manifest},
+        notes=(f"tvm: {why}",) + ((id_note,) if id_note else ()), weight_bytes=tc_mod.data_section_bytes(out["devc.o"]))
 
 
 def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Path, tc: Toolchain,

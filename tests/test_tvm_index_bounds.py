@@ -76,3 +76,18 @@ def test_a_computed_index_stays_inside_the_table(tmp_path):
     run, got = _run(art, hostile, tmp_path)
     assert run.returncode == 0, run.stderr  # no error (a computed index), and no read outside the table:
     assert all(any((row == t).all() for t in TABLE) for row in got[0]), got
+
+
+def test_a_prefixed_tvm_segment_checks_its_ids_too(tmp_path):
+    """A partitioned build compiles every TVM segment but one under a symbol prefix, on its own path
+    (partition_build._compile_tvm_segment): it carries the same engine check and bounds."""
+    from edgepack.model import load_model
+    from edgepack.partition_build import _compile_tvm_segment
+    from edgepack.targets import TargetMatrix
+    from edgepack.toolchains import Toolchain
+    target = TargetMatrix.load().get("x86_64")
+    model = load_model(token_encoder(tmp_path / "tokens.onnx"))
+    build = _compile_tvm_segment(model, target, tmp_path / "seg", "edgepack_seg1_", Toolchain.load(target.toolchain),
+                                 log=lambda _m: None)
+    assert build.options["tvm.in_ids.0"] == str(VOCAB) and build.options["tvm.prefix"] == "edgepack_seg1_"
+    assert build.manifest["inputs_id_checked"] == {"0": VOCAB} and build.manifest["indices_bounded"] == 1

@@ -64,14 +64,10 @@ class TvmBackend:
                          + (" (proxy-tuned: measured on the build machine, not the device)" if proxy else ""))
         base_cpu = target_dict(req.target)["mcpu"]
         options = {"tvm.entry": "main"}
-        from .index_bounds import bounded, check_extents
-        names = [s.name for s in req.model.inputs]
-        for name, extent in check_extents(req.model.proto, names).items():
-            options[f"tvm.in_ids.{names.index(name)}"] = str(extent)  # the engine refuses ids outside
-        _, wrapped, unbounded = bounded(req.model.proto)
-        if wrapped or unbounded:
-            notes.append(f"tvm: {wrapped} computed index tensor(s) taken modulo their extents"
-                         + (f"; {unbounded} with an extent unknown at build time left as they are" if unbounded else ""))
+        from .index_bounds import guard
+        id_options, id_manifest, id_note = guard(req.model)  # the engine refuses ids outside their tables
+        options.update(id_options)
+        notes += [id_note] if id_note else []
         if compiled.skipped_levels:
             notes.append(f"tvm: kernels for {base_cpu} only where TVM could not build ISA copies "
                          f"({'; '.join(compiled.skipped_levels)})")
@@ -103,9 +99,7 @@ class TvmBackend:
                       "tuned_kernels": list(compiled.tuned_kernels) if db else None,
                       "proxy_tuned": proxy if db else None,
                       "compile_seconds": compiled.seconds, "runtime": rt.manifest(),
-                      "indices_bounded": wrapped, "indices_unbounded": unbounded,
-                      "inputs_id_checked": {k[len("tvm.in_ids."):]: int(v) for k, v in options.items()
-                                            if k.startswith("tvm.in_ids.")},
+                      **id_manifest,
                       "isa_levels_skipped": list(compiled.skipped_levels),
                       "isa_levels": [{"level": base_cpu, "prefix": "", "kernel_bytes": compiled.base_code_bytes}]
                       + [{"level": v.level, "prefix": v.prefix, "kernel_bytes": v.code_bytes, "kernels": v.kernels,

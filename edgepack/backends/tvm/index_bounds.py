@@ -47,6 +47,20 @@ def _coord_extents(node, infos) -> tuple[int, ...] | None:
     return tuple(data.static[batch:batch + k]) if batch + k <= len(data.static) else None
 
 
+def guard(model) -> tuple[dict, dict, str | None]:
+    """For a TVM engine build of ``model`` (a LoadedModel): its engine options (tvm.in_ids.<i>), its
+    manifest keys and a note (None when there is nothing to say)."""
+    names = [s.name for s in model.inputs]
+    checked = {str(names.index(name)): extent for name, extent in check_extents(model.proto, names).items()}
+    _, wrapped, unbounded = bounded(model.proto)
+    note = None
+    if wrapped or unbounded:
+        note = (f"tvm: {wrapped} computed index tensor(s) taken modulo their extents"
+                + (f"; {unbounded} with an extent unknown at build time left as they are" if unbounded else ""))
+    return ({f"tvm.in_ids.{i}": str(extent) for i, extent in checked.items()},
+            {"indices_bounded": wrapped, "indices_unbounded": unbounded, "inputs_id_checked": checked}, note)
+
+
 def check_extents(proto: onnx.ModelProto, input_names: list[str]) -> dict[str, int]:
     """input name -> the smallest extent its values index directly (see the module's doc)."""
     infos = tensor_infos(proto)
