@@ -1,7 +1,8 @@
 """Ops that exporters spell out, folded back into the one op the backends run well.
 
 - **One-hot products as a lookup.** jax2tf writes `jax.nn.one_hot(ids, D) @ W` as Equal(ids[..., 1],
-  arange(D)) -> Cast(float) -> MatMul(W[D, F]) (Magika's byte embedding: a [2048, 257] one-hot
+  arange(D)) -> Cast(float) -> MatMul(W[D, F]) (torch and tf2onnx as ONNX's OneHot with values (0, 1), whose
+  ids -D..-1 count from the end: those are wrapped first) (Magika's byte embedding: a [2048, 257] one-hot
   tensor, a 67 MFLOP product, and an Equal that keeps the model's head off NCNN). The product picks
   row `ids` of W, so it is Gather(W, ids). Exact, including ids outside 0..D-1, whose one-hot row is
   all zeros: W gets one zero row at index D and the ids are clipped to -1..D (-1 counts from the end,
@@ -33,7 +34,7 @@ def fold_spelled_out(model: LoadedModel) -> LoadedModel:
     """The model with its one-hot products as Gathers and written-out softmaxes as Softmax; unchanged
     where there is neither."""
     ops = model.ops()
-    if not ("Equal" in ops and "MatMul" in ops) and not ("ReduceMax" in ops and "Exp" in ops):
+    if not (("Equal" in ops or "OneHot" in ops) and "MatMul" in ops) and not ("ReduceMax" in ops and "Exp" in ops):
         return model
     proto = onnx.ModelProto()
     proto.CopyFrom(model.proto)
@@ -90,39 +91,64 @@ class _Index:
 
 def _one_hot_as_gather(g: _Index, matmul) -> int:
     table = g.consts.get(matmul.input[1])
-    cast = g.producer.get(matmul.input[0])
-    if table is None or table.ndim != 2 or table.dtype != np.float32 or not np.isfinite(table).all():
-        return 0
-    if cast is None or cast.op_type != "Cast" or node_attrs(cast).get("to") != TensorProto.FLOAT:
-        return 0
-    equal = g.producer.get(cast.input[0])
-    if equal is None or equal.op_type != "Equal" or g.only_reader(cast.output[0]) is not matmul \
+    if table is None or table.ndim != 2 or table.dtype != np.float32 or not np.isfinite(table).all() \
             or g.opset < 12:  # Clip on integers
         return 0
     depth = table.shape[0]
-    ids = _ids_against_range(g, equal, depth)
-    hot = g.dims(equal.output[0])
-    if ids is None or hot is None:
+    hot = g.producer.get(matmul.input[0])
+    if hot is None or g.only_reader(matmul.input[0]) is not matmul:
         return 0
-    id_dims = g.dims(ids)
-    if id_dims is None or not id_dims or id_dims[-1] != 1 or hot != (*id_dims[:-1], depth):
-        return 0
+    if hot.op_type == "OneHot":
+        found = _one_hot_op_ids(g, hot, depth)
+        if found is None:
+            return 0
+        ids, id_dims, from_end = found
+    else:
+        equal = g.producer.get(hot.input[0]) if hot.op_type == "Cast" else None
+        if equal is None or equal.op_type != "Equal" or node_attrs(hot).get("to") != TensorProto.FLOAT:
+            return 0
+        ids = _ids_against_range(g, equal, depth)
+        hot_dims, id_dims = g.dims(equal.output[0]), g.dims(ids) if ids else None
+        if hot_dims is None or not id_dims or id_dims[-1] != 1 or hot_dims != (*id_dims[:-1], depth):
+            return 0
+        id_dims, from_end = id_dims[:-1], False
     np_int = _INT_IDS[g.infos[ids].elem_type]
     padded = np.concatenate([table, np.zeros((1, table.shape[1]), np.float32)])
     base = matmul.output[0]
-    flat = g.fresh(f"{base}_ids")
-    clipped = g.fresh(f"{base}_ids_clipped")
-    g.replace(matmul, [
-        helper.make_node("Reshape", [ids, g.const(f"{base}_ids_shape", np.array(id_dims[:-1], np.int64))], [flat],
-                         name=g.fresh(f"{base}_ids_reshape")),
+    const = lambda name, v: g.const(f"{base}_{name}", np.array(v, np_int))  # noqa: E731
+    flat, clipped = g.fresh(f"{base}_ids"), g.fresh(f"{base}_ids_clipped")
+    if from_end:
+        # OneHot counts -depth..-1 from the end (Equal with arange matches none of them): wrap those first
+        neg, shifted = g.fresh(f"{base}_ids_negative"), g.fresh(f"{base}_ids_shifted")
+        nodes = [helper.make_node("Less", [ids, const("zero", 0)], [neg], name=g.fresh(f"{base}_ids_less")),
+                 helper.make_node("Add", [ids, const("depth", depth)], [shifted], name=g.fresh(f"{base}_ids_add")),
+                 helper.make_node("Where", [neg, shifted, ids], [flat], name=g.fresh(f"{base}_ids_where"))]
+    else:
+        nodes = [helper.make_node("Reshape", [ids, g.const(f"{base}_ids_shape", np.array(id_dims, np.int64))],
+                                  [flat], name=g.fresh(f"{base}_ids_reshape"))]
+    nodes += [
         # ids outside 0..depth-1 pick the appended zero row (-1 counts from the end)
-        helper.make_node("Clip", [flat, g.const(f"{base}_lo", np.array(-1, np_int)),
-                                  g.const(f"{base}_hi", np.array(depth, np_int))], [clipped],
-                         name=g.fresh(f"{base}_ids_clip")),
+        helper.make_node("Clip", [flat, const("lo", -1), const("hi", depth)], [clipped], name=g.fresh(f"{base}_ids_clip")),
         helper.make_node("Gather", [g.const(f"{base}_table", padded), clipped], [base], axis=0,
                          name=g.fresh(f"{base}_lookup")),
-    ])
+    ]
+    g.replace(matmul, nodes)
     return 1
+
+
+def _one_hot_op_ids(g: _Index, node, depth: int) -> tuple[str, tuple[int, ...], bool] | None:
+    """(integer ids, their dims, True) of an ONNX OneHot of ``depth`` on the last axis with values
+    (0, 1) in float32, else None."""
+    ids, d, values = node.input
+    dv, vv, info = g.consts.get(d), g.consts.get(values), g.infos.get(ids)
+    if dv is None or vv is None or info is None or info.elem_type not in _INT_IDS or dv.size != 1:
+        return None
+    id_dims = g.dims(ids)
+    axis = int(node_attrs(node).get("axis", -1))
+    if id_dims is None or int(dv.reshape(-1)[0]) != depth or vv.dtype != np.float32 \
+            or [float(v) for v in vv.reshape(-1)] != [0.0, 1.0] or axis not in (-1, len(id_dims)):
+        return None
+    return ids, id_dims, True
 
 
 def _ids_against_range(g: _Index, equal, depth: int) -> str | None:

@@ -49,6 +49,16 @@ def one_hot_model(tmp_path: Path, id_type=TensorProto.INT32, expand: bool = Fals
     return _save(tmp_path, nodes, [helper.make_tensor_value_info("ids", id_type, [1, N])], outputs, inits)
 
 
+def one_hot_op_model(tmp_path: Path, id_type=TensorProto.INT64, values=(0.0, 1.0), axis: int = -1) -> Path:
+    """ids[1, N] -> OneHot(depth D, values) -> MatMul W[D, F], as torch's F.one_hot and tf2onnx write it."""
+    w = np.random.default_rng(4).standard_normal((D, F)).astype(np.float32)
+    inits = {"depth": np.array(D, np.int64), "values": np.array(values, np.float32), "w": w}
+    nodes = [helper.make_node("OneHot", ["ids", "depth", "values"], ["hot"], axis=axis),
+             helper.make_node("MatMul", ["hot", "w"], ["y"])]
+    return _save(tmp_path, nodes, [helper.make_tensor_value_info("ids", id_type, [1, N])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N, F])], inits)
+
+
 def softmax_model(tmp_path: Path, axis: int = 1, keepdims: int = 0, neg_inf_max: bool = True, opset: int = 15,
                   sum_axis: int | None = None, exp_read: bool = False) -> Path:
     """x[2, 7, 3] -> ReduceMax(axis) [-> Max(-inf)] [-> Reshape] -> Sub -> Exp -> ReduceSum(axis) [-> Reshape]
@@ -107,6 +117,25 @@ def test_one_hot_product_becomes_an_exact_lookup(tmp_path, id_type, form):
         want, got = _run(before.proto, feeds)[0], _run(after.proto, feeds)[0]
         np.testing.assert_array_equal(got, want)  # bit for bit: the product added W[i, f] to zeros
     assert not _run(after.proto, {"ids": np.array([[D, -1, -D - 1] * 3], np_int)})[0].any()
+
+
+def test_onnx_one_hot_product_becomes_an_exact_lookup_counting_negative_ids_from_the_end(tmp_path):
+    id_type = TensorProto.INT64  # onnxruntime has no float OneHot kernel for int32 ids with an int64 depth
+    before = load_model(one_hot_op_model(tmp_path, id_type))
+    after = fold_spelled_out(before)
+    assert "Gather" in _ops(after) and not {"OneHot", "MatMul"} & set(_ops(after)), _ops(after)
+    onnx.checker.check_model(after.proto, full_check=True)
+    np_int = helper.tensor_dtype_to_np_dtype(id_type)
+    edges = [0, D - 1, -1, -D, D, -D - 1, 2**31 - 1, -(2**31), 5]  # -D..-1: rows from the end; others: zeros
+    for ids in (np.random.default_rng(2).integers(-D, D, (1, N)), np.array([edges])):
+        feeds = {"ids": ids.astype(np_int)}
+        np.testing.assert_array_equal(_run(after.proto, feeds)[0], _run(before.proto, feeds)[0])
+
+
+@pytest.mark.parametrize("values", [(0.0, 2.0), (1.0, 0.0)])
+def test_onnx_one_hots_with_other_values_stay(tmp_path, values):
+    before = load_model(one_hot_op_model(tmp_path, values=values))
+    assert fold_spelled_out(before) is before
 
 
 @pytest.mark.parametrize("change", ["table with inf", "not arange", "cast read elsewhere"])
