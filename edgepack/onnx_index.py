@@ -66,3 +66,36 @@ def tensor_infos(model: onnx.ModelProto, infer: bool = True, strict: bool = Fals
     for t in model.graph.initializer if initializers else ():
         out[t.name] = TensorInfo(tuple(int(d) for d in t.dims), t.data_type)
     return out
+
+
+def remove_dead_nodes(model: onnx.ModelProto) -> int:
+    """Drop nodes and initializers nothing reads (what a rewrite bypassed); how many nodes went. A kept
+    node's subgraphs (If, Loop, Scan) may read outer values by name: those count as read too."""
+    g = model.graph
+    needed = {o.name for o in g.output}
+    keep = []
+    for node in reversed(list(g.node)):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+            needed.update(_subgraph_reads(node))
+    removed = len(g.node) - len(keep)
+    if removed:
+        del g.node[:]
+        g.node.extend(reversed(keep))
+    inits = [i for i in g.initializer if i.name in needed]
+    if len(inits) != len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(inits)
+    return removed
+
+
+def _subgraph_reads(node) -> set[str]:
+    """Every input name mentioned inside a node's subgraphs, nested ones included."""
+    names: set[str] = set()
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in sub.node:
+                names.update(n.input)
+                names |= _subgraph_reads(n)
+    return names

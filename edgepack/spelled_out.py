@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .model import LoadedModel, _with
-from .onnx_index import constants, node_attrs, tensor_infos
+from .onnx_index import constants, node_attrs, remove_dead_nodes, tensor_infos
 
 _INT_IDS = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
 # ops between a reduction and its use that only move unit axes (values unchanged)
@@ -43,7 +43,7 @@ def fold_spelled_out(model: LoadedModel) -> LoadedModel:
     softmaxes = sum(_softmax(g, n) for n in list(proto.graph.node) if n.op_type == "Div")
     if not (lookups or softmaxes):
         return model
-    _drop_unread(proto.graph)
+    remove_dead_nodes(proto)
     del proto.graph.value_info[:]  # recorded shapes of removed values
     said = [f"{lookups} one-hot product(s) as a Gather"] * bool(lookups) + \
         [f"{softmaxes} written-out softmax(es) as Softmax"] * bool(softmaxes)
@@ -225,36 +225,3 @@ def _one_axis(g: _Index, reduce, rank: int) -> int | None:
     if axes is None or len(axes) != 1:
         return None
     return axes[0] % rank
-
-
-def _drop_unread(graph: onnx.GraphProto) -> None:
-    """Remove nodes (and initializers) whose results nothing reads any more."""
-    needed = {o.name for o in graph.output}
-    keep = []
-    for n in reversed(list(graph.node)):
-        if any(o in needed for o in n.output) or _has_subgraph(n):
-            keep.append(n)
-            needed.update(i for i in n.input if i)
-            needed.update(_outer_names(n))
-    del graph.node[:]
-    graph.node.extend(reversed(keep))
-    inits = [i for i in graph.initializer if i.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(inits)
-
-
-def _has_subgraph(node) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-
-
-def _outer_names(node) -> set[str]:
-    """Every input name a node's subgraphs mention (they may read outer values by name)."""
-    names: set[str] = set()
-    for a in node.attribute:
-        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            for n in sub.node:
-                names.update(n.input)
-                for inner in n.attribute:
-                    if inner.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                        names |= _outer_names(n)
-    return names

@@ -77,29 +77,27 @@ def lean_param(text: str, limit: int = KERNEL_LIMIT, direct: bool = False,
     out, masked, saved = [], [], 0
     for line in text.splitlines():
         t = line.split()
-        if direct and not integer and len(t) > 4 and t[0] == "Gemm" and t[2].isdigit() and t[3].isdigit():
-            line = _with_featmask(t, FP16_PACKED)
-        if len(t) > 4 and t[0] == "Convolution" and t[2].isdigit() and t[3].isdigit():
+        if len(t) > 4 and t[0] in ("Gemm", "Convolution") and t[2].isdigit() and t[3].isdigit():
             head = 4 + int(t[2]) + int(t[3])
             fields = dict(kv.split("=", 1) for kv in t[head:] if "=" in kv and not kv.startswith("-"))
-            size, plain = winograd_bytes(fields)
-            if size > limit or direct and direct_kernel_takes(fields):
-                mask = int(fields.get("31", 0)) | NO_WINOGRAD
-                mask = mask | INTEGER_SUMS if integer else mask & ~INTEGER_SUMS
-                rest = [kv for kv in t[head:] if not kv.startswith("31=")]
-                line = " ".join(t[:head] + rest + [f"31={mask}"])
-                masked.append(t[1])
-                saved += size - plain if size else 0
+            mask = int(fields.get("31", 0))
+            if t[0] == "Gemm" and direct and not integer:
+                line = _with_featmask(t, head, mask | FP16_PACKED)
+            elif t[0] == "Convolution":
+                size, plain = winograd_bytes(fields)
+                if size > limit or direct and direct_kernel_takes(fields):
+                    mask |= NO_WINOGRAD
+                    line = _with_featmask(t, head, mask | INTEGER_SUMS if integer else mask & ~INTEGER_SUMS)
+                    masked.append(t[1])
+                    saved += size - plain if size else 0
         out.append(line)
     return "\n".join(out) + "\n", masked, saved
 
 
-def _with_featmask(t: list[str], bit: int) -> str:
-    """A .param line (its tokens) with ``bit`` added to its featmask (key 31)."""
-    head = 4 + int(t[2]) + int(t[3])
-    fields = dict(kv.split("=", 1) for kv in t[head:] if "=" in kv and not kv.startswith("-"))
+def _with_featmask(t: list[str], head: int, mask: int) -> str:
+    """A .param line (its tokens; its fields start at ``head``) with its featmask (key 31) set to ``mask``."""
     rest = [kv for kv in t[head:] if not kv.startswith("31=")]
-    return " ".join(t[:head] + rest + [f"31={int(fields.get('31', 0)) | bit}"])
+    return " ".join(t[:head] + rest + [f"31={mask}"])
 
 
 def integer_convolutions(text: str) -> str:

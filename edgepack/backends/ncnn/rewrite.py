@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ...onnx_index import remove_dead_nodes  # noqa: F401  (rewrites and their callers use it from here)
 from .pnnx_forms import gemm_bias_as_vector, pad_mode_explicit, reduce_axis_with_unit_batch, resize_roi_unread
 from .seq_first import lift_sequence_tail
 
@@ -659,26 +660,6 @@ def on_copy(rewrite, model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     if count:
         remove_dead_nodes(out)
     return out, count
-
-
-def remove_dead_nodes(model: onnx.ModelProto) -> int:
-    """Drop nodes and initializers nothing reads (the transposes a rewrite bypassed)."""
-    g = model.graph
-    needed = {o.name for o in g.output}
-    keep = []
-    for node in reversed(list(g.node)):
-        if any(o in needed for o in node.output):
-            keep.append(node)
-            needed.update(i for i in node.input if i)
-    removed = len(g.node) - len(keep)
-    if removed:
-        del g.node[:]
-        g.node.extend(reversed(keep))
-    inits = [i for i in g.initializer if i.name in needed]
-    if len(inits) != len(g.initializer):
-        del g.initializer[:]
-        g.initializer.extend(inits)
-    return removed
 
 
 from .recurrent_forms import gru_initial_state_explicit, gru_sequence_kept  # noqa: E402  (it imports this module lazily)

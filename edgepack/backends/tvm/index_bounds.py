@@ -22,10 +22,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ...onnx_index import constants, node_attrs, tensor_infos
 
-# op -> position of its indices input; the extent is data's axis (attribute "axis", default 0)
-_AXIS_INDEXED = {"Gather": 1, "GatherElements": 1, "ScatterElements": 1, "Scatter": 1}
-# op -> position of its indices input; the last index axis holds coordinates into data's leading axes
-_COORD_INDEXED = {"GatherND": 1, "ScatterND": 1}
+# every op here reads its indices at input 1
+# the extent is data's axis (attribute "axis", default 0)
+_AXIS_INDEXED = frozenset({"Gather", "GatherElements", "ScatterElements", "Scatter"})
+# the last index axis holds coordinates into data's leading axes
+_COORD_INDEXED = frozenset({"GatherND", "ScatterND"})
 _INT_TYPES = {TensorProto.INT32: np.int32, TensorProto.INT64: np.int64}
 _SAME_VALUES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
@@ -51,8 +52,11 @@ def guard(model) -> tuple[dict, dict, str | None]:
     """For a TVM engine build of ``model`` (a LoadedModel): its engine options (tvm.in_ids.<i>), its
     manifest keys and a note (None when there is nothing to say)."""
     names = [s.name for s in model.inputs]
-    checked = {str(names.index(name)): extent for name, extent in check_extents(model.proto, names).items()}
-    _, wrapped, unbounded = bounded(model.proto)
+    infos = tensor_infos(model.proto)
+    checked = {str(names.index(name)): extent for name, extent in check_extents(model.proto, names, infos).items()}
+    plan = _bounds_plan(model.proto, infos)
+    wrapped = sum(extents is not None for _, extents in plan)
+    unbounded = len(plan) - wrapped
     note = None
     if wrapped or unbounded:
         note = (f"tvm: {wrapped} computed index tensor(s) taken modulo their extents"
@@ -61,9 +65,10 @@ def guard(model) -> tuple[dict, dict, str | None]:
             {"indices_bounded": wrapped, "indices_unbounded": unbounded, "inputs_id_checked": checked}, note)
 
 
-def check_extents(proto: onnx.ModelProto, input_names: list[str]) -> dict[str, int]:
-    """input name -> the smallest extent its values index directly (see the module's doc)."""
-    infos = tensor_infos(proto)
+def check_extents(proto: onnx.ModelProto, input_names: list[str], infos: dict | None = None) -> dict[str, int]:
+    """input name -> the smallest extent its values index directly (see the module's doc); ``infos``:
+    tensor_infos(proto) when the caller has it."""
+    infos = tensor_infos(proto) if infos is None else infos
     readers: dict[str, list] = {}
     for n in proto.graph.node:
         for i in n.input:
@@ -91,38 +96,38 @@ def check_extents(proto: onnx.ModelProto, input_names: list[str]) -> dict[str, i
     return found
 
 
-def computed_indices(proto: onnx.ModelProto) -> list:
-    """The nodes that index a tensor with indices that are not constants."""
+def _bounds_plan(proto: onnx.ModelProto, infos: dict) -> list[tuple[int, np.ndarray | None]]:
+    """(node position, the extents to take its indices modulo, None where unknown at build time) for
+    every node that indexes a tensor with indices that are not constants."""
     consts = constants(proto)
-    return [n for n in proto.graph.node if (n.op_type in _AXIS_INDEXED or n.op_type in _COORD_INDEXED)
-            and len(n.input) > 1 and n.input[1] not in consts]
+    plan = []
+    for k, n in enumerate(proto.graph.node):
+        if n.op_type not in _AXIS_INDEXED | _COORD_INDEXED or len(n.input) < 2 or n.input[1] in consts:
+            continue
+        if n.op_type in _AXIS_INDEXED:
+            extent = _extent(n, infos)
+            plan.append((k, None if not extent else np.array(extent)))
+        else:
+            coords = _coord_extents(n, infos)
+            plan.append((k, None if not coords or 0 in coords else np.array(coords)))
+    return plan
 
 
 def bounded(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int, int]:
     """(a copy of proto whose non-constant indices are taken modulo their extents, how many were,
     how many could not be: an extent unknown at build time). proto itself where none is computed."""
-    if not computed_indices(proto):
+    infos = tensor_infos(proto)
+    plan = dict(_bounds_plan(proto, infos))
+    if not plan:
         return proto, 0, 0
-    consts = constants(proto)
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    infos = tensor_infos(out)
     taken = {o for n in out.graph.node for o in n.output} | {i.name for i in out.graph.initializer}
-    nodes, done, left = [], 0, 0
-    for n in out.graph.node:
-        if not ((n.op_type in _AXIS_INDEXED or n.op_type in _COORD_INDEXED) and len(n.input) > 1
-                and n.input[1] not in consts):
+    nodes, done = [], 0
+    for k, n in enumerate(out.graph.node):
+        extents = plan.get(k)
+        if extents is None:  # not indexed by computed indices, or an extent unknown at build time
             nodes.append(n)
-            continue
-        if n.op_type in _AXIS_INDEXED:
-            extent = _extent(n, infos)
-            extents = None if not extent else np.array(extent)
-        else:
-            coords = _coord_extents(n, infos)
-            extents = None if not coords or 0 in coords else np.array(coords)
-        if extents is None:
-            nodes.append(n)
-            left += 1
             continue
         idx = n.input[1]
         itype = infos[idx].elem_type if idx in infos else 0
@@ -139,7 +144,7 @@ def bounded(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int, int]:
         done += 1
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    return out, done, left
+    return out, done, len(plan) - done
 
 
 def _fresh(base: str, taken: set[str]) -> str:
