@@ -117,6 +117,7 @@ def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: 
             mod = tc_mod.fuse(mod, tgt)
         except Exception as exc:
             raise EdgepackError(f"TVM could not compile segment {model.name}: {tc_mod._first_line(exc)}") from exc
+        layout = tc_mod.conv_layout(mod)
         ex = tc_mod._build(mod, tgt, db, prefix or None)
         # the bytecode + weights object carries the prefix in its name too
         out = tc_mod._export(ex, workdir, "", {"lib0.o": "lib0.o", f"{prefix}devc.o": "devc.o"})
@@ -132,7 +133,8 @@ def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: 
         model_blobs=(), options=options, tolerance=TOLERANCES["fp32"],
         manifest={"apache-tvm": TVM_VERSION, "target": target_dict(target), "prefix": prefix,
                   "isa_levels": [{"level": target_dict(target)["mcpu"], "prefix": prefix}],
-                  "tuned": db is not None, "compile_seconds": round(time.monotonic() - t0, 2), **id_manifest},
+                  "tuned": db is not None, "conv_layout": layout,
+                  "compile_seconds": round(time.monotonic() - t0, 2), **id_manifest},
         notes=(f"tvm: {why}",) + ((id_note,) if id_note else ()), weight_bytes=tc_mod.data_section_bytes(out["devc.o"]))
 
 

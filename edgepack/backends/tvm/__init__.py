@@ -94,6 +94,7 @@ class TvmBackend:
                       "pipeline": "cpu_generic fused" + (" + MetaSchedule database" if db else " (untuned)")
                       + (" + default schedules" if compiled.default_schedules else ""),
                       "default_schedules": dict(compiled.default_schedules),
+                      "conv_layout": compiled.conv_layout,
                       "tuned": db is not None, "tuning_db": db.name if db else None, "compute_precision": "fp32",
                       "tuning_db_sha256": database_sha256(db) if db else None,
                       "tuned_kernels": list(compiled.tuned_kernels) if db else None,

@@ -51,6 +51,7 @@ class CompiledModel:
     tuned_kernels: tuple[int, int] = (0, 0)  # (kernels the database scheduled, kernels)
     skipped_levels: tuple[str, ...] = ()     # ISA levels that could not be built, with why
     default_schedules: tuple[tuple[str, int], ...] = ()  # (rule, kernels) of the base build; () = off
+    conv_layout: str = "?"  # what the convolutions compute in (layout.py): NHWC, or NCHW and why
 
 
 def import_tvm():
@@ -92,16 +93,27 @@ def import_onnx(model: LoadedModel):
                          hint="fix the input shapes (--input-shape) or try --backend ncnn") from exc
 
 
+LAYOUT_ATTR = "edgepack_conv_layout"
+
+
 def fuse(mod, tvm_target):
-    """Legalise to TIR and fuse (the part MetaSchedule tunes); no scheduling yet."""
+    """Legalise to TIR and fuse (the part MetaSchedule tunes); no scheduling yet. Convolutions are
+    moved to NHWC first (layout.py); the module's attribute LAYOUT_ATTR says what they compute in."""
     import tvm
     from tvm import relax
     from tvm.relax.backend.cpu_generic import pipeline as cpu
+    from .layout import channels_last
     with tvm_target:
-        seq = tvm.transform.Sequential([relax.transform.DecomposeOpsForInference()]
-                                       + list(cpu.library_dispatch_passes(tvm_target))
+        mod = relax.transform.DecomposeOpsForInference()(mod)
+        mod, layout = channels_last(mod)
+        seq = tvm.transform.Sequential(list(cpu.library_dispatch_passes(tvm_target))
                                        + list(cpu.legalize_passes(tvm_target)))
-        return seq(mod)
+        return seq(mod).with_attr(LAYOUT_ATTR, layout)
+
+
+def conv_layout(mod) -> str:
+    attrs = mod.attrs
+    return str(attrs[LAYOUT_ATTR]) if attrs is not None and LAYOUT_ATTR in attrs else "?"
 
 
 def lower_pipeline(tvm_target):
@@ -208,6 +220,9 @@ def _compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: 
         mod = fuse(mod, tvm_target)
     except Exception as exc:
         raise BuildError(f"TVM could not compile the model: {_first_line(exc)}", hint="try --backend ncnn") from exc
+    layout = conv_layout(mod)
+    if log and layout != "no conv2d":
+        log(f"tvm: convolutions in {layout}")
     coverage: list = []
     rules: Counter = Counter()
     ex = _build(mod, tvm_target, tuning_db, coverage=coverage, rules=rules)
@@ -242,7 +257,7 @@ def _compile_model(model: LoadedModel, tvm_target, workdir: Path, *, tuning_db: 
     return CompiledModel(out["lib0.o"], out["devc.o"], data_section_bytes(out["devc.o"]),
                          {k: round(v, 2) for k, v in times.items()}, tuning_db is not None, tuple(built),
                          data_section_bytes(out["lib0.o"], code=True), tuple(coverage) or (0, 0), tuple(skipped),
-                         tuple(rules.most_common()))
+                         tuple(rules.most_common()), layout)
 
 
 def _elf_symbols(obj: Path) -> list[str]:

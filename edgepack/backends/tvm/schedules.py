@@ -30,8 +30,12 @@ from collections import Counter
 # here ran 1.6 ms on 1 thread and 165 ms on 2 threads next to other jobs)
 _PARALLEL_MIN_WORK = 1 << 17
 # register-tile rows tried for the reuse axis, best first (rows x one vector of accumulators stays
-# within the 16 vector registers of AVX2/NEON with room for the loaded operands)
-_ROW_TILES = (8, 6, 4, 3, 2)
+# within the 16 vector registers of AVX2/NEON with room for the loaded operands). 7: NHWC
+# convolutions reuse a weight vector over the pixels of an image row, and CNN maps are 7, 14, 28
+# pixels wide (2 rows, or 1, without it: PP-LCNet's 1x1 convolutions ran 1.5x slower). Rows must
+# divide the axis: a tile straddling two image rows made the epilogue's region a bounding box that
+# overlapped the next tile's (wrong answers with parallel tiles)
+_ROW_TILES = (8, 7, 6, 4, 3, 2)
 # a matrix-vector product whose matrix is stored [K, N] (N contiguous; onnx_lstm's pre-transposed
 # recurrent weights): the output tile is up to this many elements wide, so every row of the matrix is
 # read as one contiguous run. With one vector per tile the K loop strode down the matrix 32 bytes at
