@@ -7,7 +7,8 @@ rounds of both artifacts' own `bench` and an onnxruntime session with the same t
 the same seeded inputs (best round's median each), so load on the machine hits every column alike.
 ``--ncnn`` adds a whole-graph NCNN build (`--backend ncnn`, its default precision, as `auto` builds
 it) to the same rounds: the numbers behind selection.py's rule for whole-graph TVM. ``--no-before``
-skips the naive build. ``--tune 20m`` adds a "tuned" column: `edgepack tune --budget 20m` into a
+skips the naive build; ``--nchw`` adds untuned TVM with convolutions left in NCHW (the default
+builds move them to NHWC, backends/tvm/layout.py). ``--tune 20m`` adds a "tuned" column: `edgepack tune --budget 20m` into a
 fresh database of this run (never the user's), then a TVM build with it, timed in the same rounds;
 the tune's own report (tasks searched, share of the time they took, seconds) goes into the JSON.
 
@@ -34,17 +35,20 @@ from corpus import (artifact_median, build, fetch, load_table, ort_inputs, ort_m
 DEFAULT_MODELS = "ppocr_cls,orientation,silero_vad,ddddocr_crnn,ppocr_v4_rec,attacut"
 
 
-def build_tvm(entry, model: Path, out: Path, schedules: bool) -> tuple[Path | None, float, str]:
-    """(artifact, build seconds, error) of one x86_64 TVM build."""
-    env_before = os.environ.get("EDGEPACK_TVM_SCHEDULES")
-    os.environ["EDGEPACK_TVM_SCHEDULES"] = "on" if schedules else "off"
+def build_tvm(entry, model: Path, out: Path, schedules: bool, layout: str = "nhwc") -> tuple[Path | None, float, str]:
+    """(artifact, build seconds, error) of one x86_64 TVM build; ``layout``: what its convolutions
+    compute in (EDGEPACK_TVM_LAYOUT)."""
+    wanted = {"EDGEPACK_TVM_SCHEDULES": "on" if schedules else "off", "EDGEPACK_TVM_LAYOUT": layout}
+    env_before = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
     try:
         doc, seconds = build(entry, model, "x86_64", out, ("--backend", "tvm", "--tuning-db", "off"))
     finally:
-        if env_before is None:
-            os.environ.pop("EDGEPACK_TVM_SCHEDULES")
-        else:
-            os.environ["EDGEPACK_TVM_SCHEDULES"] = env_before
+        for k, v in env_before.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
     res = (doc.get("results") or [{}])[0]
     if not res.get("file"):
         return None, seconds, str(doc.get("error") or res.get("error") or "no artifact")[:300]
@@ -87,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the best median counts)")
     ap.add_argument("--ncnn", action="store_true", help="also build and time whole-graph NCNN")
     ap.add_argument("--no-before", action="store_true", help="skip the naive (EDGEPACK_TVM_SCHEDULES=off) build")
+    ap.add_argument("--nchw", action="store_true", help="also build untuned TVM with convolutions in ONNX's NCHW "
+                    "(EDGEPACK_TVM_LAYOUT=nchw; the default builds are NHWC)")
     ap.add_argument("--tune", metavar="BUDGET", help="also tune (edgepack tune --budget BUDGET) and time the tuned build")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
@@ -100,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         row: dict = {"build_s": {}, "ms": {}, "ratio": {}}
         arts = {}
         labels = [("after", True)] if args.no_before else [("before", False), ("after", True)]
+        labels += [("nchw", True)] if args.nchw else []
         for label, sched in labels + ([("ncnn", None)] if args.ncnn else []) + ([("tuned", None)] if args.tune else []):
             out = work / f"{name}-{label}"
             out.mkdir()
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             elif sched is None:
                 art, secs, err = build_ncnn(entry, model, out)
             else:
-                art, secs, err = build_tvm(entry, model, out, sched)
+                art, secs, err = build_tvm(entry, model, out, sched, "nchw" if label == "nchw" else "nhwc")
             row["build_s"][label] = round(secs, 1)
             if art is None:
                 row.setdefault("errors", {})[label] = err
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:  # after every model: a long run cut short still leaves its rows
             args.json.write_text(json.dumps(report, indent=1))
     for t in threads:
-        for label in ("before", "after", "ncnn", "tuned", "after/ncnn", "after/tuned"):
+        for label in ("before", "nchw", "after", "ncnn", "tuned", "after/ncnn", "after/tuned"):
             rs = [m["ratio"][str(t)][label] for m in report["models"].values() if label in m["ratio"].get(str(t), {})]
             if rs:
                 g = math.exp(sum(math.log(r) for r in rs) / len(rs))
