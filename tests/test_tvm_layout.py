@@ -128,3 +128,44 @@ def test_pixels_of_a_short_nhwc_row_are_tiled_across_rows(side, rows):
         np.testing.assert_allclose(got, _ref_conv1x1_hardswish(x, w, b), rtol=1e-4, atol=1e-4)
     got = _build_run(fuse(_module({"x": x}, _conv_hardswish(w, b)), _target()), {"x": x}, _target())
     np.testing.assert_allclose(got, _ref_conv1x1_hardswish(x, w, b), rtol=1e-4, atol=1e-4)
+
+
+def _onnx_conv_relu6_as_max_min(path):
+    """Conv, then ReLU6 written as ONNX Max(x, 0) and Min(x, 6) (tf2onnx and hand-written graphs do),
+    then a three-input Sum of the result, the input's mean over channels and a constant."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(RNG.standard_normal((16, 8, 3, 3)).astype("float32") * 0.3, "w")
+    zero = numpy_helper.from_array(np.zeros(1, "float32"), "zero")
+    six = numpy_helper.from_array(np.full(1, 6, "float32"), "six")
+    bias = numpy_helper.from_array(RNG.standard_normal((1, 16, 1, 1)).astype("float32"), "bias")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Max", ["c", "zero"], ["lo"]),
+             helper.make_node("Min", ["lo", "six"], ["r6"]),
+             helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("Sum", ["r6", "m", "bias"], ["y"])]
+    graph = helper.make_graph(nodes, "relu6", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 12, 12])],
+                              [w, zero, six, bias])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def test_onnx_max_min_sum_import_pairwise_and_keep_the_model_nhwc(tmp_path):
+    """relax's importer wrote ONNX Max/Min/Sum as broadcast_to + stack + a reduction: a copy of the
+    data, a kernel cut off from its neighbours, and a 5-D stack ConvertLayout has no rule for (the
+    whole model fell back to NCHW). Imported pairwise, the answer is onnxruntime's."""
+    import onnxruntime as ort
+    from pathlib import Path
+    from edgepack.backends.tvm.compile import import_onnx
+    from edgepack.model import load_model
+    path = tmp_path / "relu6.onnx"
+    _onnx_conv_relu6_as_max_min(path)
+    mod = import_onnx(load_model(Path(path)))
+    text = mod.script(show_meta=False)
+    assert "R.stack" not in text and "R.maximum" in text and "R.minimum" in text, text[-2000:]
+    fused = fuse(mod, _target())
+    assert conv_layout(fused) == "NHWC"
+    x = RNG.standard_normal((1, 8, 12, 12)).astype("float32") * 4
+    got = _build_run(fused, {"x": x}, _target())
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

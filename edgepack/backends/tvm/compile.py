@@ -14,6 +14,7 @@ import tarfile
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,13 +88,37 @@ def import_onnx(model: LoadedModel):
         # the relax importer has no LSTM/GRU: they go in unrolled into primitive ops (ops.DECOMPOSED)
         from ...onnx_lstm import decompose
         from .index_bounds import bounded  # computed indices stay inside their tensors (hostile input)
-        return from_onnx(bounded(decompose(model.proto))[0], shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+        with _pairwise_min_max():
+            return from_onnx(bounded(decompose(model.proto))[0], shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
     except Exception as exc:  # the frontend raises anything from KeyError to TVMError
         raise BuildError(f"TVM could not import the model: {_first_line(exc)}",
                          hint="fix the input shapes (--input-shape) or try --backend ncnn") from exc
 
 
 LAYOUT_ATTR = "edgepack_conv_layout"
+
+
+@contextmanager
+def _pairwise_min_max():
+    """ONNX Max/Min/Sum/Mean over tensors imported as maximum(a, b) (pairwise, as the importer
+    already does where a shape is unknown) rather than broadcast_to + stack + a reduction over the
+    stacked axis: the stacked copy cost a pass over the data, the reduction kept the op out of its
+    neighbours' fused kernel, and ConvertLayout (layout.py) has no rule for the 5-D stack, so a model
+    with Max next to its convolutions stayed NCHW. Constants still fold as before."""
+    import tvm
+    from tvm.relax.frontend.onnx import onnx_frontend as fe
+    base = fe.MultiInputBase
+    stacked = base.__dict__["_impl_v1"]
+
+    def pairwise(cls, bb, inputs, attr, params):
+        if cls.binary_op is not None and not all(isinstance(i, tvm.ir.GenericConst) for i in inputs):
+            return cls._impl_dynamic(bb, inputs)
+        return stacked.__func__(cls, bb, inputs, attr, params)
+    base._impl_v1 = classmethod(pairwise)
+    try:
+        yield
+    finally:
+        base._impl_v1 = stacked
 
 
 def fuse(mod, tvm_target):
