@@ -132,7 +132,8 @@ def test_pixels_of_a_short_nhwc_row_are_tiled_across_rows(side, rows):
 
 def _onnx_conv_relu6_as_max_min(path):
     """Conv, then ReLU6 written as ONNX Max(x, 0) and Min(x, 6) (tf2onnx and hand-written graphs do),
-    then a three-input Sum of the result, the input's mean over channels and a constant."""
+    an opset-11 Clip with its bounds as inputs (PP-OCR's HardSwish is written so), a 1x1 Conv, then
+    a three-input Sum of the result, the input's mean over channels and a constant."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     w = numpy_helper.from_array(RNG.standard_normal((16, 8, 3, 3)).astype("float32") * 0.3, "w")
@@ -142,18 +143,24 @@ def _onnx_conv_relu6_as_max_min(path):
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Max", ["c", "zero"], ["lo"]),
              helper.make_node("Min", ["lo", "six"], ["r6"]),
+             helper.make_node("Clip", ["r6", "clip_lo", "clip_hi"], ["cl"]),
+             helper.make_node("Conv", ["cl", "w2"], ["c2"]),
              helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1),
-             helper.make_node("Sum", ["r6", "m", "bias"], ["y"])]
+             helper.make_node("Sum", ["c2", "m", "bias"], ["y"])]
     graph = helper.make_graph(nodes, "relu6", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 12, 12])],
-                              [w, zero, six, bias])
+                              [w, zero, six, bias, numpy_helper.from_array(
+                                  RNG.standard_normal((16, 16, 1, 1)).astype("float32") * 0.3, "w2"),
+                               numpy_helper.from_array(np.array(-1.5, "float32"), "clip_lo"),
+                               numpy_helper.from_array(np.array(5.0, "float32"), "clip_hi")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
 
 
 def test_onnx_max_min_sum_import_pairwise_and_keep_the_model_nhwc(tmp_path):
-    """relax's importer wrote ONNX Max/Min/Sum as broadcast_to + stack + a reduction: a copy of the
-    data, a kernel cut off from its neighbours, and a 5-D stack ConvertLayout has no rule for (the
-    whole model fell back to NCHW). Imported pairwise, the answer is onnxruntime's."""
+    """relax's importer wrote ONNX Max/Min/Sum as broadcast_to + stack + a reduction (a copy of the
+    data, and a 5-D stack ConvertLayout has no rule for: the whole model fell back to NCHW) and Clip
+    as TE calls (opaque to ConvertLayout: two transposes around each). Imported as relax maximum /
+    minimum, the conv and everything after it are one NHWC kernel, and the answer is onnxruntime's."""
     import onnxruntime as ort
     from pathlib import Path
     from edgepack.backends.tvm.compile import import_onnx
@@ -165,7 +172,36 @@ def test_onnx_max_min_sum_import_pairwise_and_keep_the_model_nhwc(tmp_path):
     assert "R.stack" not in text and "R.maximum" in text and "R.minimum" in text, text[-2000:]
     fused = fuse(mod, _target())
     assert conv_layout(fused) == "NHWC"
+    names = sorted(_kernels(fused))
+    first = [n for n in names if "conv2d" in n and "add" not in n]  # the first conv: the clips after it fused in
+    assert len(first) == 1 and first[0].count("maximum") == 2 and first[0].count("minimum") == 2, names
+    assert not any("transpose" in n and ("maximum" in n or "minimum" in n) for n in names), names
     x = RNG.standard_normal((1, 8, 12, 12)).astype("float32") * 4
     got = _build_run(fused, {"x": x}, _target())
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels,lanes", [(88, 8), (200, 8), (96, 16)])
+def test_vectors_over_channels_are_a_power_of_two_wide(channels, lanes):
+    """An NHWC depthwise conv over 88 or 200 channels (PP-OCR's classifier) took 11- and 10-lane
+    vectors, the largest divisors within 16, which LLVM splits badly; a power of two that divides
+    the channels comes first (96: whole 16-lane vectors)."""
+    x = RNG.standard_normal((1, channels, 6, 20)).astype("float32")
+    w = RNG.standard_normal((channels, 1, 5, 5)).astype("float32")
+    target = _target(mcpu="x86-64-v4")
+    fused = fuse(_module({"x": x}, lambda bb, v: relax.op.nn.conv2d(v, relax.const(w), padding=2, groups=channels)),
+                 target)
+    conv = next(f for n, f in _kernels(fused).items() if "conv2d" in n)
+    rule, sched = schedule_func(conv, target)
+    assert rule == "tile"
+    text = sched.script()
+    assert f"T.vectorized(T.int64({lanes}))" in text and "T.vectorized(T.int64(11))" not in text, text[-2000:]
+    got = _build_run(fuse(_module({"x": x}, lambda bb, v: relax.op.nn.conv2d(v, relax.const(w), padding=2,
+                                                                             groups=channels)), _target()),
+                     {"x": x}, _target())
+    want = _build_run(relax.transform.LegalizeOps()(_module(
+        {"x": x}, lambda bb, v: relax.op.nn.conv2d(v, relax.const(w), padding=2, groups=channels))),
+        {"x": x}, _target(), scheduled=False)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+

@@ -88,7 +88,7 @@ def import_onnx(model: LoadedModel):
         # the relax importer has no LSTM/GRU: they go in unrolled into primitive ops (ops.DECOMPOSED)
         from ...onnx_lstm import decompose
         from .index_bounds import bounded  # computed indices stay inside their tensors (hostile input)
-        with _pairwise_min_max():
+        with _layout_friendly_import():
             return from_onnx(bounded(decompose(model.proto))[0], shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
     except Exception as exc:  # the frontend raises anything from KeyError to TVMError
         raise BuildError(f"TVM could not import the model: {_first_line(exc)}",
@@ -99,26 +99,56 @@ LAYOUT_ATTR = "edgepack_conv_layout"
 
 
 @contextmanager
-def _pairwise_min_max():
-    """ONNX Max/Min/Sum/Mean over tensors imported as maximum(a, b) (pairwise, as the importer
-    already does where a shape is unknown) rather than broadcast_to + stack + a reduction over the
-    stacked axis: the stacked copy cost a pass over the data, the reduction kept the op out of its
-    neighbours' fused kernel, and ConvertLayout (layout.py) has no rule for the 5-D stack, so a model
-    with Max next to its convolutions stayed NCHW. Constants still fold as before."""
+def _layout_friendly_import():
+    """Two importer forms ConvertLayout (layout.py) cannot see through, replaced while importing:
+    - ONNX Max/Min/Sum/Mean over tensors as maximum(a, b) (pairwise, as the importer already does
+      where a shape is unknown) rather than broadcast_to + stack + a reduction over the stacked axis:
+      the stacked copy cost a pass over the data, the reduction kept the op out of its neighbours'
+      kernel, and the 5-D stack has no layout rule. Constants still fold as before.
+    - ONNX Clip as relax maximum/minimum rather than TE calls (emit_te of topi.maximum/minimum, the
+      same functions legalisation uses for the relax ops, so the same bits): a TE call is opaque to
+      ConvertLayout, which put two transposes around every Clip of an NHWC model (PP-OCR's
+      HardSwish, written as Clip: its classifier ran 1.5x slower in NHWC than in NCHW)."""
     import tvm
+    from tvm import relax
     from tvm.relax.frontend.onnx import onnx_frontend as fe
-    base = fe.MultiInputBase
+    base, clip = fe.MultiInputBase, fe.Clip
     stacked = base.__dict__["_impl_v1"]
+    clip_v1, clip_v13 = clip.__dict__["_impl_v1"], clip.__dict__["_impl_v13"]
 
     def pairwise(cls, bb, inputs, attr, params):
         if cls.binary_op is not None and not all(isinstance(i, tvm.ir.GenericConst) for i in inputs):
             return cls._impl_dynamic(bb, inputs)
         return stacked.__func__(cls, bb, inputs, attr, params)
+
+    def floating(x) -> bool:
+        dtype = getattr(getattr(x, "ty", None), "dtype", "")
+        return str(dtype).startswith(("float", "bfloat"))
+
+    def clip_attrs(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        if not floating(x):
+            return clip_v1.__func__(cls, bb, inputs, attr, params)
+        dtype = x.ty.dtype
+        x = bb.normalize(relax.op.maximum(x, relax.const(float(attr.get("min", -float("inf"))), dtype)))
+        return bb.normalize(relax.op.minimum(x, relax.const(float(attr.get("max", float("inf"))), dtype)))
+
+    def clip_inputs(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        if not floating(x):
+            return clip_v13.__func__(cls, bb, inputs, attr, params)
+        if inputs[1] is not None:
+            x = bb.normalize(relax.op.maximum(x, cls._sanitize_nan_clip_bound(bb, inputs[1], for_min=True)))
+        if inputs[2] is not None:
+            x = bb.normalize(relax.op.minimum(x, cls._sanitize_nan_clip_bound(bb, inputs[2], for_min=False)))
+        return x
     base._impl_v1 = classmethod(pairwise)
+    clip._impl_v1, clip._impl_v13 = classmethod(clip_attrs), classmethod(clip_inputs)
     try:
         yield
     finally:
         base._impl_v1 = stacked
+        clip._impl_v1, clip._impl_v13 = clip_v1, clip_v13
 
 
 def fuse(mod, tvm_target):

@@ -71,6 +71,45 @@ def clips_as_min_max(mod):
     return out
 
 
+_BINARY = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum"}
+
+
+def scalar_operands(mod):
+    """A constant of one element and rank >= 1 (a [1]-shaped bound of tf2onnx's Max/Min, a Clip
+    bound) as a rank-0 constant in the binary ops above: the broadcast is the same, and ConvertLayout's
+    binary rule, which refuses operands of a lower rank than the activation, puts no transposes around
+    the op (it did, cutting a conv's epilogue out of its kernel)."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    def scalar(arg, other):
+        if not isinstance(arg, tvm.ir.GenericConst) or not hasattr(arg.value, "numpy"):
+            return arg
+        value = arg.value.numpy()
+        other_rank = len(getattr(getattr(other, "ty", None), "shape", None) or ())
+        if value.size != 1 or value.ndim == 0 or value.ndim > other_rank:
+            return arg
+        return relax.const(np.asarray(value.reshape(())), str(value.dtype))
+
+    @relax.expr_functor.mutator
+    class Scalars(relax.PyExprMutator):
+        def visit_call_(self, orig):
+            call = super().visit_call_(orig)
+            if isinstance(call.op, tvm.ir.Op) and call.op.name in _BINARY and len(call.args) == 2:
+                a, b = call.args
+                a2, b2 = scalar(a, b), scalar(b, a)
+                if not (a2.same_as(a) and b2.same_as(b)):
+                    return relax.Call(call.op, [a2, b2], call.attrs)
+            return call
+
+    out = mod.clone() if hasattr(mod, "clone") else mod
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            out[gv] = Scalars().visit_expr(func)
+    return out
+
+
 def channels_last(mod) -> tuple[object, str]:
     """(module, layout its convolutions compute in): NHWC where the module has a conv2d and the
     conversion succeeds, else the module unchanged and why."""
@@ -81,9 +120,10 @@ def channels_last(mod) -> tuple[object, str]:
     import tvm
     from tvm import relax
     try:
+        mod = scalar_operands(relax.transform.FoldConstant()(clips_as_min_max(mod)))
         seq = tvm.transform.Sequential([relax.transform.ConvertLayout({"relax.nn.conv2d": list(NHWC)}),
                                         relax.transform.FoldConstant()])
-        return seq(clips_as_min_max(mod)), "NHWC"
+        return seq(mod), "NHWC"
     except Exception as exc:  # a layout rule TVM lacks: the model still builds in NCHW
         msg = str(exc).strip().splitlines()[-1][:160] if str(exc).strip() else type(exc).__name__
         return mod, f"NCHW (ConvertLayout failed: {msg})"
