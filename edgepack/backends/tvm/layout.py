@@ -44,6 +44,16 @@ def has_conv2d(mod) -> bool:
     return bool(found)
 
 
+def _each_function(mod, mutator):
+    """A copy of ``mod`` with every relax function rewritten by a fresh ``mutator()``."""
+    from tvm import relax
+    out = mod.clone()
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = mutator().visit_expr(func)
+    return out
+
+
 def clips_as_min_max(mod):
     """Every ``relax.clip`` with constant bounds as maximum(minimum(x, hi), lo) (same order as topi's
     clip, so the same results, NaN included); ConvertLayout has a rule for those."""
@@ -64,11 +74,7 @@ def clips_as_min_max(mod):
             dtype = orig.ty.dtype
             return relax.op.maximum(relax.op.minimum(x, relax.const(high, dtype)), relax.const(low, dtype))
 
-    out = mod.clone() if hasattr(mod, "clone") else mod
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            out[gv] = ClipAsMinMax().visit_expr(func)
-    return out
+    return _each_function(mod, ClipAsMinMax)
 
 
 _BINARY = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum"}
@@ -103,11 +109,7 @@ def scalar_operands(mod):
                     return relax.Call(call.op, [a2, b2], call.attrs)
             return call
 
-    out = mod.clone() if hasattr(mod, "clone") else mod
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            out[gv] = Scalars().visit_expr(func)
-    return out
+    return _each_function(mod, Scalars)
 
 
 def channels_last(mod) -> tuple[object, str]:
