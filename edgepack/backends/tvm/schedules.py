@@ -264,15 +264,18 @@ def _tile_reduction(sch, lanes: int) -> bool:
         return False
     ivars = [iv.var for iv in stmt.iter_vars]
     reuse = None
+    # every operand read along the vector axis counts, not only the first: an NHWC depthwise conv
+    # reads its input *and* its weight along the channels, and only the weight leaves the pixel axes
+    # free. Looking at the input alone found no reuse axis, so the conv took the GEMV tile (all 200
+    # channels as 25 AVX2 vectors, spilled): PP-OCR's classifier ran 2x slower in NHWC than in NCHW
     for region in stmt.reads:
         used = set()
         for rng in region.region:
             used |= _vars_in(rng.min)
         if ivars[vec] in used:
             free = [k for k in range(n_s) if k != vec and ext[k] > 1 and ivars[k] not in used]
-            if free:
+            if free and (reuse is None or ext[max(free, key=lambda k: (ext[k], k))] > ext[reuse]):
                 reuse = max(free, key=lambda k: (ext[k], k))
-            break
     # the consumer chain: intermediate epilogue blocks inlined into the last one
     idx = [i for i, b in enumerate(blocks) if sch.get(b).same_as(stmt)][0]
     prologue, epilogue = blocks[:idx], blocks[idx + 1:]
