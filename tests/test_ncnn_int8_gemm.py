@@ -147,7 +147,8 @@ def test_quantised_lstm_projects_its_input_in_int8(tmp_path):
     """quantize_dynamic's DynamicQuantizeLSTM (edgepack/quantized_lstm.py): X's projection sums centred
     integers and scales after, as onnxruntime does, so the int8 Gemm takes it (both directions); the
     artifact matches onnxruntime. Each dynamic quantisation is one engine layer (EpDynQuant), and the
-    recurrent products take int8 quads on AVX-512 VNNI CPUs, the same bits as ncnn's gemv elsewhere."""
+    recurrent products take int8 quads on AVX-512 VNNI and AVX2 CPUs, the same bits as ncnn's gemv on
+    SSE ones."""
     from onnxruntime.quantization import quantize_dynamic
     rng = np.random.default_rng(5)
     hidden, inp, seq = 32, 64, 20
@@ -186,17 +187,24 @@ def test_quantised_lstm_projects_its_input_in_int8(tmp_path):
         assert log.count(f"{4 * hidden} x {inp} taken ({mode})") == 2, log[-2000:]
     err = float(np.abs(got["y"].reshape(want.shape) - want).max())
     assert err <= 1e-3 * float(np.abs(want).max()), err
-    # the recurrent products (int8_gemv_patch.py): int8 quads on AVX-512 VNNI CPUs, ncnn's fp16 gemv
-    # elsewhere; exact integer sums either way, so the same bits on every FMA CPU and thread count (an
-    # SSE CPU's gates round without FMA: close, not equal)
+    # the recurrent products (int8_gemv_patch.py): int8 quads on AVX-512 VNNI CPUs (vpdpbusd) and on
+    # AVX2 ones (widened to int16, vpmaddwd), ncnn's fp16 gemv on SSE CPUs; exact integer sums each way,
+    # so the same bits on every FMA CPU and thread count (an SSE CPU's gates round without FMA: close,
+    # not equal)
     steps = 2 * (seq - 1)
     assert backend["integer_gemvs_marked"] == steps, backend["integer_gemvs_marked"]
-    vnni = "avx512_vnni" in host_cpu_flags()
-    assert log.count(f"int8 gemv: {4 * hidden} x {hidden} taken (AVX-512 VNNI)") == (steps if vnni else 0), log[-2000:]
-    for cpu in ("native isa=avx2", "Haswell-noTSX", "Nehalem"):
+    flags = host_cpu_flags()
+    native_isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX2" if "avx2" in flags else None
+    taken = f"int8 gemv: {4 * hidden} x {hidden} taken"
+    assert log.count(taken) == (steps if native_isa else 0), log[-2000:]
+    if native_isa:
+        assert log.count(f"{taken} ({native_isa})") == steps, log[-2000:]
+    for cpu, isa in (("native isa=avx2", "AVX2"), ("Haswell-noTSX", "AVX2"), ("Nehalem", None)):
         other, log = run_artifact_on(art, cpu, {"x": tmp_path / "x.npy"}, tmp_path / cpu.replace(" ", "_"), ("y",), 1,
                                      env={"EDGEPACK_NCNN_TRACE": "1"})
-        assert "int8 gemv" not in log, (cpu, log[-2000:])
+        assert log.count(taken) == (steps if isa else 0), (cpu, log[-2000:])
+        if isa:
+            assert log.count(f"{taken} ({isa})") == steps, (cpu, log[-2000:])
         if cpu == "Nehalem":
             assert float(np.abs(other["y"] - got["y"]).max()) <= 1e-5 * float(np.abs(want).max()), cpu
         else:

@@ -250,9 +250,12 @@ def test_int8_gemv_patch_is_x86_only_after_the_kernels_it_shares_and_marks_only_
     assert names.index("int8_gemv_patch") > max(names.index("fp16_weights_patch"), names.index("shared_weights_patch"))
     assert dict(x86)["int8_gemv_patch"] == INT8_GEMV_PATCH_KEY
     assert "int8_gemv_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
-    # int8 weights only (the range first: no int conversion of a float past int's), VNNI CPUs, no bias
+    # int8 weights only (the range first: no int conversion of a float past int's), VNNI or AVX2 CPUs,
+    # no bias; the AVX2 kernel in every AVX build, the VNNI one only in the AVX-512 build
     assert "if (!(v >= -128.f && v <= 127.f) || v != (float)(int)v)" in _CODE
-    assert "cpu_support_x86_avx512_vnni() || bias_term || activation_type" in _CODE
+    assert "cpu_support_x86_avx512_vnni() ? 2 : cpu_support_x86_avx2() ? 1 : 0" in _CODE
+    assert "if (!isa || bias_term || activation_type || int8_scale_term || num_output % 16)" in _CODE
+    assert _CODE.index("#if __AVX__") < _CODE.index("#if __AVX512F__") < _CODE.index("ep_gemv_block_avx2")
     assert MARK_KEY not in range(0, 19) and MARK_KEY < 30   # InnerProduct reads 0-18; 30-31 are the Layer's
     param = ("7767517\n6 8\nInput in0 0 1 in0\n"
              "EpDynQuant dq 1 3 in0 c s z\n"

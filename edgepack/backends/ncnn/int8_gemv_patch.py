@@ -6,17 +6,21 @@ integer weights (quantized_lstm.py), which ncnn ran as its fp16-storage gemv: dd
 steps read a 2 MB fp16 kernel each (the size of the core's L2), 18% of the model's time after the fold.
 
 An InnerProduct the fold marks with ``28=1`` (its input a one-row Reshape of an EpDynQuant's centred
-tensor) is taken here, in ncnn's AVX-512 build, when the CPU has AVX-512 VNNI, the layer has no bias,
-activation or int8 scales of ncnn's own, its output count is a multiple of 16 and every weight is an
-integer in [-128, 127]. The weights are then packed once as int8 quads ([N/16][K/4][16][4], 1 MB for
-a 2048 x 512 step: half the fp16 kernel) with their per-output sums after them, and shared between
-layers with the same weights through shared_weights_patch.py's table (kind 12). Each run shifts the
-input by off = -min(x) into [0, 255] (a quantiser's centred values span 255 at most) and sums with
-vpdpbusd, four uint8 x int8 products a lane, exact; off times each output's weight sum is taken back,
-and the int32 sum is rounded once to float: the fp32/fp16 kernels' result wherever their partial sums
-stay below 2^24 (at most 255 x 128 x K: K up to 513), so the same bits. A run whose input is not
-integers spanning 255 or less takes a scalar float loop over the same weights (right, slow, not
-expected). Other CPUs and unmarked layers run ncnn's kernels as before.
+tensor) is taken here when the layer has no bias, activation or int8 scales of ncnn's own, its output
+count is a multiple of 16, every weight is an integer in [-128, 127] and the CPU has AVX-512 VNNI (in
+ncnn's AVX-512 build) or AVX2 (in its AVX builds: AVX-512, FMA, AVX; version 3). The weights are then
+packed once as int8 quads ([N/16][K/4][16][4], 1 MB for a 2048 x 512 step: half the fp16 kernel) with
+their per-output sums after them, and shared between layers with the same weights through
+shared_weights_patch.py's table (kind 12). Each run shifts the input by off = -min(x) into [0, 255] (a
+quantiser's centred values span 255 at most). With VNNI it sums with vpdpbusd, four uint8 x int8
+products a lane, exact; without, each 16 weight bytes (4 outputs x 4 depths) are widened to int16
+(vpmovsxbw) and multiplied by the input quad as int16 pairs (vpmaddwd, exact: a pair sums to 65280 at
+most), two partial sums an output, added at the end: the same int32 sums either way. off times each
+output's weight sum is taken back, and the int32 sum is rounded once to float: the fp32/fp16 kernels'
+result wherever their partial sums stay below 2^24 (at most 255 x 128 x K: K up to 513), so the same
+bits. On an AVX2 EPYC (Zen 3, 512 KB of L2) ncnn's fp16 gemv had been 20% of ddddocr_old_int8's time.
+A run whose input is not integers spanning 255 or less takes a scalar float loop over the same weights
+(right, slow, not expected). Other CPUs and unmarked layers run ncnn's kernels as before.
 Only x86 builds carry this edit, so only their cache key has INT8_GEMV_PATCH_KEY.
 """
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 from .param_graph import Graph, join_param, split_param
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMV_PATCH_VERSION = 2  # 2: weights checked only where no shared kernel has them (start-up)
+INT8_GEMV_PATCH_VERSION = 3  # 2: weights checked only where no shared kernel has them (start-up); 3: AVX2 CPUs too
 MARK_KEY = 28   # InnerProduct param key the fold writes (ncnn's InnerProduct reads 0-18; the Layer base 30-31)
 
 _H_OLD = "    virtual int load_model(const ModelBin& mb);\n"
@@ -37,6 +41,7 @@ _H_MEMBERS_OLD = "public:\n    Layer* flatten;\n"
 _H_MEMBERS_NEW = """public:
     // edgepack (int8_gemv_patch.py): integer weights as int8 quads for a centred integer input
     int ep_mark;  // 28: the fold says the input is a quantiser's centred integers
+    int ep_isa;   // 2: AVX-512 VNNI (uint8 quads, vpdpbusd), 1: AVX2 (int16 quads, vpmaddwd)
     Mat ep_w8;    // [N/16][K4][16][4] int8, then N int32 weight sums; empty: ncnn's kernels
     bool ep_take_i8(const Option& opt);
     int ep_forward_i8(const Mat& bottom_blob, Mat& top_blob, const Option& opt) const;
@@ -44,7 +49,7 @@ _H_MEMBERS_NEW = """public:
 """ + _H_MEMBERS_OLD
 
 _CTOR_OLD = "    flatten = 0;\n}\n\n"
-_CTOR_NEW = "    flatten = 0;\n    ep_mark = 0;\n}\n\n"
+_CTOR_NEW = "    flatten = 0;\n    ep_mark = 0;\n    ep_isa = 0;\n}\n\n"
 
 _CODE_ANCHOR = "int InnerProduct_x86::create_pipeline(const Option& opt)\n{\n"
 _CODE = r'''// ---- edgepack (int8_gemv_patch.py) ----
@@ -54,6 +59,7 @@ int InnerProduct_x86::load_param(const ParamDict& pd)
     return InnerProduct::load_param(pd);
 }
 
+#if __AVX__
 #if __AVX512F__
 // one block of 16 outputs: int32 sums of uint8 quads of a (K4 of them) by the block's int8 quads,
 // less off times each output's weight sum, rounded once to float
@@ -82,10 +88,46 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void ep_gemv_block
     s = _mm512_sub_epi32(s, _mm512_mullo_epi32(_mm512_set1_epi32(off), _mm512_loadu_si512(wsum)));
     _mm512_storeu_ps(out, _mm512_cvtepi32_ps(s));
 }
+#endif // __AVX512F__
+
+// the same block without VNNI: a holds K4 quads of int16 (the centred input + off, in [0, 255]); each
+// 16 bytes of w (4 outputs x 4 depths) widened to int16 and multiplied pairwise by the quad broadcast to
+// every 64 bits: lanes 2i and 2i+1 of sum j hold output 4j+i's two halves (exact int32 sums)
+__attribute__((target("avx2"))) static void ep_gemv_block_avx2(const short* a, const signed char* w,
+                                                               const int* wsum, int off, int K4, float* out)
+{
+    __m256i s0 = _mm256_setzero_si256();
+    __m256i s1 = _mm256_setzero_si256();
+    __m256i s2 = _mm256_setzero_si256();
+    __m256i s3 = _mm256_setzero_si256();
+    for (int k = 0; k < K4; k++)
+    {
+        long long quad;
+        memcpy(&quad, a + (size_t)k * 4, sizeof(quad));
+        const __m256i x = _mm256_set1_epi64x(quad);
+        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w)), x));
+        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + 16))), x));
+        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + 32))), x));
+        s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + 48))), x));
+        w += 64;
+    }
+    int t[32];
+    _mm256_storeu_si256((__m256i*)t, s0);
+    _mm256_storeu_si256((__m256i*)(t + 8), s1);
+    _mm256_storeu_si256((__m256i*)(t + 16), s2);
+    _mm256_storeu_si256((__m256i*)(t + 24), s3);
+    for (int o = 0; o < 16; o++)
+        out[o] = (float)(t[2 * o] + t[2 * o + 1] - off * wsum[o]);
+}
 
 bool InnerProduct_x86::ep_take_i8(const Option& opt)
 {
-    if (!cpu_support_x86_avx512_vnni() || bias_term || activation_type || int8_scale_term || num_output % 16)
+#if __AVX512F__
+    const int isa = cpu_support_x86_avx512_vnni() ? 2 : cpu_support_x86_avx2() ? 1 : 0;
+#else
+    const int isa = cpu_support_x86_avx2() ? 1 : 0;
+#endif
+    if (!isa || bias_term || activation_type || int8_scale_term || num_output % 16)
         return false;
     const int num_input = weight_data_size / num_output;
     if (num_input <= 0 || num_input > 65536 || (weight_data.elemsize != 2u && weight_data.elemsize != 4u))
@@ -131,7 +173,8 @@ bool InnerProduct_x86::ep_take_i8(const Option& opt)
     }
     const char* t = getenv("EDGEPACK_NCNN_TRACE");
     if (t && t[0] == '1')
-        NCNN_LOGE("edgepack int8 gemv: %d x %d taken (AVX-512 VNNI)", num_output, num_input);
+        NCNN_LOGE("edgepack int8 gemv: %d x %d taken (%s)", num_output, num_input, isa == 2 ? "AVX-512 VNNI" : "AVX2");
+    ep_isa = isa;
     if (opt.lightmode)
         weight_data.release();
     return true;
@@ -174,25 +217,37 @@ int InnerProduct_x86::ep_forward_i8(const Mat& bottom_blob, Mat& top_blob, const
         return 0;
     }
     const int off = -(int)lo;
+    const int blocks = num_output / 16;
     Mat a;
-    a.create(K4, (size_t)4u, opt.workspace_allocator);
+    a.create(K4, (size_t)8u, opt.workspace_allocator); // room for int16 quads
     if (a.empty())
         return -100;
-    unsigned char* ab = (unsigned char*)a.data;
+#if __AVX512F__
+    if (ep_isa == 2)
+    {
+        unsigned char* ab = (unsigned char*)a.data;
+        for (int k = 0; k < K4 * 4; k++)
+            ab[k] = k < num_input ? (unsigned char)((int)x[k] + off) : 0;
+        #pragma omp parallel for num_threads(opt.num_threads)
+        for (int b = 0; b < blocks; b++)
+            ep_gemv_block((const int*)ab, w8 + (size_t)b * K4 * 64, wsum + b * 16, off, K4, out + b * 16);
+        return 0;
+    }
+#endif
+    short* as = (short*)a.data;
     for (int k = 0; k < K4 * 4; k++)
-        ab[k] = k < num_input ? (unsigned char)((int)x[k] + off) : 0;
-    const int blocks = num_output / 16;
+        as[k] = k < num_input ? (short)((int)x[k] + off) : 0;
     #pragma omp parallel for num_threads(opt.num_threads)
     for (int b = 0; b < blocks; b++)
-        ep_gemv_block((const int*)ab, w8 + (size_t)b * K4 * 64, wsum + b * 16, off, K4, out + b * 16);
+        ep_gemv_block_avx2(as, w8 + (size_t)b * K4 * 64, wsum + b * 16, off, K4, out + b * 16);
     return 0;
 }
-#endif // __AVX512F__
+#endif // __AVX__
 
 '''
 
 _PIPE_OLD = "#if NCNN_INT8\n    if (opt.use_int8_inference && weight_data.elemsize == (size_t)1u)\n"
-_PIPE_NEW = """#if __AVX512F__
+_PIPE_NEW = """#if __AVX__
     if (ep_mark && ep_take_i8(opt))
         return 0;
 #endif
@@ -200,7 +255,7 @@ _PIPE_NEW = """#if __AVX512F__
 """ + _PIPE_OLD
 
 _FWD_OLD = "int InnerProduct_x86::forward(const Mat& bottom_blob, Mat& top_blob, const Option& opt) const\n{\n"
-_FWD_NEW = _FWD_OLD + """#if __AVX512F__
+_FWD_NEW = _FWD_OLD + """#if __AVX__
     if (!ep_w8.empty())
         return ep_forward_i8(bottom_blob, top_blob, opt);
 #endif
