@@ -230,3 +230,23 @@ def test_nhwc_depthwise_reuses_each_weight_vector_over_a_row_of_pixels(mcpu, lan
     want = _build_run(relax.transform.LegalizeOps()(_module({"x": x}, body)), {"x": x}, _target(), scheduled=False)
     if mcpu == "x86-64-v3" or "avx512f" in open("/proc/cpuinfo").read():  # v4 code runs only on AVX-512 hosts
         np.testing.assert_allclose(_build_run(fused, {"x": x}, target), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("out_channels,computed", [(150, 152), (100, 104), (152, 152), (6, 6)])
+def test_nhwc_output_channels_are_computed_in_multiples_of_eight(out_channels, computed):
+    """deepcut's 1 x 10 text convs have 150 and 100 output channels: no power of two of at least half a
+    vector divides them, so the tile rule took 6- and 4-lane vectors. The conv now computes a multiple
+    of 8 channels (zero weights) and slices them back: the same answer, whole vectors."""
+    x = RNG.standard_normal((4, 32, 1, 21)).astype("float32")
+    w = RNG.standard_normal((out_channels, 32, 1, 10)).astype("float32")
+
+    def body(bb, v):
+        return relax.op.nn.relu(relax.op.nn.conv2d(v, relax.const(w)))
+    target = _target(mcpu="x86-64-v3")
+    fused = fuse(_module({"x": x}, body), target)
+    conv = next(f for n, f in _kernels(fused).items() if "conv2d" in n)
+    assert f"T.int64({computed})" in conv.script() and ("strided_slice" in str(fused)) == (computed != out_channels)
+    got = _build_run(fused, {"x": x}, target)
+    want = _build_run(relax.transform.LegalizeOps()(_module({"x": x}, body)), {"x": x}, _target(), scheduled=False)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

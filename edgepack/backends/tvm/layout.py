@@ -112,6 +112,45 @@ def scalar_operands(mod):
     return _each_function(mod, Scalars)
 
 
+_CHANNEL_MULTIPLE = 8
+
+
+def padded_out_channels(mod):
+    """Every NHWC conv2d (groups 1, constant HWIO weights) whose output channels are not a multiple of 8
+    computes a multiple of 8 (zero weights) and is sliced back: the channels are the vector axis, and
+    150 or 100 of them gave the tile rule 6- or 4-lane vectors (no power of two of at least half a
+    vector divides them) at ~60% of the 200-channel convs' speed. The slice fuses into the conv's
+    kernel; the outputs are the same bits (the padded channels are computed and dropped). deepcut
+    (AVX2, 1 thread, untuned): 7.59 -> 5.84 ms."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class PadOutChannels(relax.PyExprMutator):
+        def visit_call_(self, orig):
+            call = super().visit_call_(orig)
+            if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+                return call
+            attrs = call.attrs
+            if (str(attrs.data_layout), str(attrs.kernel_layout)) != NHWC or str(attrs.out_layout) != "NHWC" \
+                    or int(attrs.groups) != 1:
+                return call
+            x, w = call.args
+            if not isinstance(w, tvm.ir.GenericConst) or not hasattr(w.value, "numpy"):
+                return call
+            weight = w.value.numpy()
+            out = weight.shape[3]
+            if out < _CHANNEL_MULTIPLE or out % _CHANNEL_MULTIPLE == 0:
+                return call
+            padded = np.zeros(weight.shape[:3] + (-(-out // _CHANNEL_MULTIPLE) * _CHANNEL_MULTIPLE,), weight.dtype)
+            padded[..., :out] = weight
+            conv = self.builder_.emit(relax.Call(call.op, [x, relax.const(padded)], call.attrs))
+            return relax.op.strided_slice(conv, axes=[3], begin=[0], end=[out])
+
+    return _each_function(mod, PadOutChannels)
+
+
 def channels_last(mod) -> tuple[object, str]:
     """(module, layout its convolutions compute in): NHWC where the module has a conv2d and the
     conversion succeeds, else the module unchanged and why."""
@@ -125,7 +164,7 @@ def channels_last(mod) -> tuple[object, str]:
         mod = scalar_operands(relax.transform.FoldConstant()(clips_as_min_max(mod)))
         seq = tvm.transform.Sequential([relax.transform.ConvertLayout({"relax.nn.conv2d": list(NHWC)}),
                                         relax.transform.FoldConstant()])
-        return seq(mod), "NHWC"
+        return padded_out_channels(seq(mod)), "NHWC"
     except Exception as exc:  # a layout rule TVM lacks: the model still builds in NCHW
         msg = str(exc).strip().splitlines()[-1][:160] if str(exc).strip() else type(exc).__name__
         return mod, f"NCHW (ConvertLayout failed: {msg})"
