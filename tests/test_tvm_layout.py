@@ -206,7 +206,6 @@ def test_vectors_over_channels_are_a_power_of_two_wide(channels, lanes):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-
 @pytest.mark.parametrize("mcpu,lanes", [("x86-64-v3", 8), ("x86-64-v4", 16)])
 def test_nhwc_depthwise_reuses_each_weight_vector_over_a_row_of_pixels(mcpu, lanes):
     """An NHWC depthwise conv reads input and weight along the channels; only the weight leaves the

@@ -77,6 +77,14 @@ def clips_as_min_max(mod):
     return _each_function(mod, ClipAsMinMax)
 
 
+def _constant_array(expr):
+    """The value of a relax constant as a numpy array, or None for anything else."""
+    import tvm
+    if isinstance(expr, tvm.ir.GenericConst) and hasattr(expr.value, "numpy"):
+        return expr.value.numpy()
+    return None
+
+
 _BINARY = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum"}
 
 
@@ -90,11 +98,9 @@ def scalar_operands(mod):
     from tvm import relax
 
     def scalar(arg, other):
-        if not isinstance(arg, tvm.ir.GenericConst) or not hasattr(arg.value, "numpy"):
-            return arg
-        value = arg.value.numpy()
+        value = _constant_array(arg)
         other_rank = len(getattr(getattr(other, "ty", None), "shape", None) or ())
-        if value.size != 1 or value.ndim == 0 or value.ndim > other_rank:
+        if value is None or value.size != 1 or value.ndim == 0 or value.ndim > other_rank:
             return arg
         return relax.const(np.asarray(value.reshape(())), str(value.dtype))
 
@@ -137,9 +143,9 @@ def padded_out_channels(mod):
                     or int(attrs.groups) != 1:
                 return call
             x, w = call.args
-            if not isinstance(w, tvm.ir.GenericConst) or not hasattr(w.value, "numpy"):
+            weight = _constant_array(w)
+            if weight is None:
                 return call
-            weight = w.value.numpy()
             out = weight.shape[3]
             if out < _CHANNEL_MULTIPLE or out % _CHANNEL_MULTIPLE == 0:
                 return call

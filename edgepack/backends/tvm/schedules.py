@@ -274,8 +274,9 @@ def _tile_reduction(sch, lanes: int) -> bool:
             used |= _vars_in(rng.min)
         if ivars[vec] in used:
             free = [k for k in range(n_s) if k != vec and ext[k] > 1 and ivars[k] not in used]
-            if free and (reuse is None or ext[max(free, key=lambda k: (ext[k], k))] > ext[reuse]):
-                reuse = max(free, key=lambda k: (ext[k], k))
+            best = max(free, key=lambda k: (ext[k], k), default=None)
+            if best is not None and (reuse is None or ext[best] > ext[reuse]):
+                reuse = best
     # the consumer chain: intermediate epilogue blocks inlined into the last one
     idx = [i for i, b in enumerate(blocks) if sch.get(b).same_as(stmt)][0]
     prologue, epilogue = blocks[:idx], blocks[idx + 1:]
