@@ -81,6 +81,13 @@ class _SegmentFailed(Exception):
         self.index, self.exc = index, exc
 
 
+class _SegmentsFailed(Exception):
+    """Every NCNN segment of one attempt that failed, in plan order (the split moves them all at once)."""
+    def __init__(self, failures: list[_SegmentFailed]):
+        super().__init__(failures[0].exc.message)
+        self.failures = failures
+
+
 def _nodes_to_move(seg, sub, failed: _SegmentFailed, log) -> dict[str, str]:
     """node -> "tvm" for a failed NCNN segment: only the nodes behind pnnx's leftovers where the
     probe finds them (kaldi's edge Pad that shifts the waveform, amid the power spectrum NCNN runs
@@ -140,27 +147,38 @@ def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: 
 
 def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Path, tc: Toolchain,
                      log: Callable[[str], None], tuning_db: str | None = None) -> tuple[list[EngineBuild], EngineBuild]:
-    """(per-segment builds, the combined build the bundle links)."""
-    builds: list[EngineBuild] = []
+    """(per-segment builds, the combined build the bundle links). The NCNN segments are built
+    first, all of them: when some fail, _SegmentsFailed names every one before any TVM segment
+    has been compiled, so the split re-plans once for them all (an unrolled decoder repeats the
+    same failing step 18 times; one failure per attempt recompiled the growing TVM part 18 times)."""
+    builds: dict[int, EngineBuild] = {}
     tvm_segs = [k for k, s in enumerate(p.segments) if s.backend == "tvm"]
     # TVM 0.27 fails to compile TopK's sort call under a system-lib prefix (AttachGlobalSymbol):
     # such a segment takes the one unprefixed place
     plain = next((k for k in tvm_segs if set(p.segments[k].ops) & PREFIX_UNSAFE_OPS), tvm_segs[0] if tvm_segs else -1)
-    for k, seg in enumerate(p.segments):
+    failures = []
+    order = sorted(range(len(p.segments)), key=lambda k: p.segments[k].backend == "tvm")
+    for k in order:
+        seg = p.segments[k]
         sub = seg.loaded(model, k)
         wd = workdir / f"seg{k}-{seg.backend}"
         seg_log = (lambda k: (lambda m: log(f"segment {k}: {m}")))(k)
+        if seg.backend == "tvm" and failures:
+            break
         if seg.backend == "tvm" and k != plain:
-            builds.append(_compile_tvm_segment(sub, target, wd, f"edgepack_seg{k}_", tc, seg_log, tuning_db))
+            builds[k] = _compile_tvm_segment(sub, target, wd, f"edgepack_seg{k}_", tc, seg_log, tuning_db)
         elif seg.backend == "tvm" and set(seg.ops) & PREFIX_UNSAFE_OPS:
-            builds.append(_compile_tvm_segment(sub, target, wd, "", tc, seg_log, tuning_db))  # no x86-64 ISA copies
+            builds[k] = _compile_tvm_segment(sub, target, wd, "", tc, seg_log, tuning_db)  # no x86-64 ISA copies
         else:
             try:
-                builds.append(get_backend(seg.backend).compile(CompileRequest(sub, target, precision, wd, tc, seg_log,
-                                                                              tuning_db)))
+                builds[k] = get_backend(seg.backend).compile(CompileRequest(sub, target, precision, wd, tc, seg_log,
+                                                                            tuning_db))
             except EdgepackError as exc:  # the split backend may move this segment to TVM and re-plan
-                raise _SegmentFailed(k, exc) from exc
-    return builds, combine(p, builds, target, tc, log)
+                failures.append(_SegmentFailed(k, exc))
+    if failures:
+        raise _SegmentsFailed(failures)
+    ordered = [builds[k] for k in range(len(p.segments))]
+    return ordered, combine(p, ordered, target, tc, log)
 
 
 def combine(p: Plan, builds: list[EngineBuild], target: Target, tc: Toolchain, log) -> EngineBuild:
@@ -231,22 +249,23 @@ class SplitBackend:
         if p is None:
             raise PlanError(f"{req.model.path.name}: the graph does not split into NCNN and TVM segments")
         tvm_ok = backend_predicates(req.model, ("tvm",)).get("tvm", lambda op: False)
-        # an NCNN segment that fails (pnnx leaves a layer in context, ncnn cannot compute it, its
-        # conversion check disagrees) moves whole to TVM when TVM builds all of it; bounded
+        # NCNN segments that fail (pnnx leaves a layer in context, ncnn cannot compute it, its
+        # conversion check disagrees) move whole to TVM when TVM builds all of them; bounded
         for attempt in range(len(p.segments) + 1):
             req.log(f"partitioned plan: {p.describe()}")
             try:
                 builds, engine = compile_segments(p, req.model, req.target, req.precision, req.workdir / f"try{attempt}",
                                                   req.toolchain, req.log, req.tuning_db)
                 break
-            except _SegmentFailed as failed:
-                seg = p.segments[failed.index]
-                if not all(tvm_ok(op) for op in seg.ops):
-                    raise failed.exc from None
-                force.update(_nodes_to_move(seg, seg.loaded(req.model, failed.index), failed, req.log))
+            except _SegmentsFailed as failed:
+                for f in failed.failures:
+                    seg = p.segments[f.index]
+                    if not all(tvm_ok(op) for op in seg.ops):
+                        raise f.exc from None
+                    force.update(_nodes_to_move(seg, seg.loaded(req.model, f.index), f, req.log))
                 nxt = plan_for(req.model, req.target, force)
                 if nxt is None:  # everything on TVM now: the whole-graph TVM build does that better
-                    raise failed.exc from None
+                    raise failed.failures[0].exc from None
                 p = nxt
         else:
             raise PlanError(f"{req.model.path.name}: no NCNN+TVM plan built")

@@ -67,3 +67,89 @@ def test_only_the_shifting_pad_moves_to_tvm(tmp_path):
     got = np.load(tmp_path / "o" / "y.npy")
     want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x, "lens": lens})[0]
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max() + 1e-5
+
+
+def seq_first_blocks(path: Path, blocks: int = 3, t: int = 6, c: int = 16, heads: int = 2) -> Path:
+    """``blocks`` times what PyTorch's sequence-first nn.Transformer exports for one layer on [T, 1, C]
+    (the g2p_id decoder's form): a fused QKV Gemm on the flattened sequence, heads, softmax, a
+    residual, a LayerNorm spelled out, a second Gemm, then a CumSum (TVM only) before the next block.
+    pnnx takes the sequence axis for the batch, and ncnn cannot compute the block."""
+    rng = np.random.default_rng(3)
+    inits, nodes = [], []
+
+    def const(name, a):
+        inits.append(numpy_helper.from_array(np.asarray(a), name))
+        return name
+
+    const("flat", np.array([-1, c], np.int64))
+    const("seq", np.array([t, 1, c], np.int64))
+    const("seq3", np.array([t, 1, 3 * c], np.int64))
+    const("heads", np.array([t, heads, c // heads], np.int64))
+    const("last", np.array([-1], np.int64))
+    const("ax", np.array(2, np.int64))
+    const("two", np.array(2.0, np.float32))
+    const("eps", np.array(1e-5, np.float32))
+    for j in range(4):
+        const(f"at{j}", np.array([j * c], np.int64))
+    cur = "x"
+    for k in range(blocks):
+        p = f"b{k}_"
+        w = lambda name, *shape: const(p + name, (rng.standard_normal(shape) * 0.3).astype(np.float32))  # noqa: E731
+        nodes += [helper.make_node("Add", [cur, w("pos", t, 1, c)], [p + "a"]),
+                  helper.make_node("Reshape", [p + "a", "flat"], [p + "f"]),
+                  helper.make_node("Gemm", [p + "f", w("wqkv", c, 3 * c), w("bqkv", 3 * c)], [p + "m"]),
+                  helper.make_node("Reshape", [p + "m", "seq3"], [p + "m3"])]
+        for j, part in enumerate("qkv"):
+            nodes += [helper.make_node("Slice", [p + "m3", f"at{j}", f"at{j + 1}", "last"], [p + part + "s"]),
+                      helper.make_node("Reshape", [p + part + "s", "heads"], [p + part + "h"]),
+                      helper.make_node("Transpose", [p + part + "h"], [p + part], perm=[1, 0, 2])]
+        nodes += [helper.make_node("Transpose", [p + "kh"], [p + "kt"], perm=[1, 2, 0]),
+                  helper.make_node("MatMul", [p + "q", p + "kt"], [p + "s"]),
+                  helper.make_node("Softmax", [p + "s"], [p + "pr"], axis=-1),
+                  helper.make_node("MatMul", [p + "pr", p + "v"], [p + "o"]),
+                  helper.make_node("Transpose", [p + "o"], [p + "ot"], perm=[1, 0, 2]),
+                  helper.make_node("Reshape", [p + "ot", "seq"], [p + "r0"]),
+                  helper.make_node("Add", [p + "a", p + "r0"], [p + "res"]),
+                  helper.make_node("ReduceMean", [p + "res"], [p + "mu"], axes=[-1]),
+                  helper.make_node("Sub", [p + "res", p + "mu"], [p + "d"]),
+                  helper.make_node("Pow", [p + "d", "two"], [p + "d2"]),
+                  helper.make_node("ReduceMean", [p + "d2"], [p + "var"], axes=[-1]),
+                  helper.make_node("Add", [p + "var", "eps"], [p + "ve"]),
+                  helper.make_node("Sqrt", [p + "ve"], [p + "sd"]),
+                  helper.make_node("Div", [p + "d", p + "sd"], [p + "n"]),
+                  helper.make_node("Reshape", [p + "n", "flat"], [p + "nf"]),
+                  helper.make_node("Gemm", [p + "nf", w("w2", c, c), w("b2", c)], [p + "g"]),
+                  helper.make_node("Reshape", [p + "g", "seq"], [p + "r"]),
+                  helper.make_node("CumSum", [p + "r", "ax"], [p + "c"])]
+        cur = p + "c"
+    graph = helper.make_graph(nodes, "seq_first_blocks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [t, 1, c])],
+                              [helper.make_tensor_value_info(cur, TensorProto.FLOAT, [t, 1, c])], inits)
+    return saved_graph(graph, path, opset=13)
+
+
+def test_every_failing_ncnn_segment_moves_to_tvm_in_one_replan(tmp_path):
+    """Three NCNN segments that ncnn cannot compute, between TVM-only CumSums: the split builds
+    every NCNN segment before any TVM one and moves the three at once, so the plan is made twice,
+    not once per failure (g2p_id's unrolled decoder: 18 failing steps, each attempt recompiling the
+    growing TVM part, 16.6 min). The build lands on whole-graph TVM, verified, and runs right."""
+    src = seq_first_blocks(tmp_path / "seq_first.onnx")
+    out = tmp_path / "dist"
+    p = run_edgepack("build", src, "--target", "x86_64", "--select", "first", "--verify-on", "native", "--out", out,
+                     "--json", "--jobs", "1", timeout=1500)
+    res = json.loads(p.stdout)["results"][0]
+    assert res["ok"], (res, p.stderr[-2000:])
+    log = p.stderr
+    assert log.count("partitioned plan:") == 1, log[-4000:]
+    assert [f"segment {k} (ncnn) failed" in log for k in (0, 2, 4)] == [True] * 3, log[-4000:]
+    # no TVM segment was compiled for the plan that failed: its NCNN segments went first
+    assert "segment 1: tvm:" not in log and "segment 3: tvm:" not in log, log[-4000:]
+    manifest = json.loads(Path(res["file"] + ".json").read_text())
+    assert manifest["backend"]["name"] == "tvm", manifest["backend"]
+    x = np.random.default_rng(8).standard_normal((6, 1, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([res["file"], "run", "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = np.load(tmp_path / "o" / "b2_c.npy")
+    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max() + 1e-5
