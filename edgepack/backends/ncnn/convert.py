@@ -32,7 +32,7 @@ from .dilated_conv import dilated_convs_as_phases
 from .tanh_gelu import tanh_gelus_as_gelu
 from .token_ids import INTEGER_IDS, as_pnnx_embeddings, embed_only, id_inputs
 from . import (dilated_conv, erf_gelu, fuse, memory, recurrent_forms, reduce_max, rewrite, seq_first, strided_conv,
-               tanh_gelu, token_ids)
+               tanh_gelu, token_ids, unit_batch)
 from .rewrite import VERSION as REWRITE_VERSION
 from .reduce_max import reduce_maxes_for_ncnn
 from .rewrite import rewrite_for_ncnn, split_sum_of_squares
@@ -122,7 +122,7 @@ def graph_code_digest() -> str:
     edgepack ships no .py files: there the version numbers alone key it."""
     h = hashlib.sha256()
     for module in (rewrite, seq_first, fuse, strided_conv, dilated_conv, erf_gelu, tanh_gelu, reduce_max,
-                   recurrent_forms, memory, token_ids, sys.modules[__name__]):
+                   recurrent_forms, memory, token_ids, unit_batch, sys.modules[__name__]):
         src = Path(module.__file__)
         h.update(src.read_bytes() if src.suffix == ".py" and src.is_file() else module.__name__.encode())
     return h.hexdigest()[:16]
@@ -183,6 +183,29 @@ def convert(model: LoadedModel, precision: str, log=print) -> NcnnModel:
 
 def _convert_in(root: Path, model: LoadedModel, proto, rewrites: tuple[str, ...], fp16: str, precision: str,
                 key: str, log) -> dict:
+    """_converted_or_rewritten, and when ncnn cannot compute pnnx's result or it disagrees with
+    onnxruntime, one last try on the graph with a leading unit axis on every tensor (unit_batch.py:
+    a sequence-first transformer, whose axis 0 pnnx takes for the batch)."""
+    try:
+        return _converted_or_rewritten(root, model, proto, rewrites, fp16, precision, key, log)
+    except (VerificationError, BuildError) as exc:
+        lifted = unit_batch.lift_unit_batch(proto)
+        if lifted is None:
+            raise
+        log(f"{exc.message[:200]}; retrying with a leading unit axis on every tensor (a sequence-first graph)")
+        layers = _run_pnnx(model, lifted, root, fp16)
+        if _leftovers(layers):   # (not recorded for the split: the probe works on the graph as given)
+            log(f"after lifting, pnnx left {', '.join(sorted({t for t, _ in _leftovers(layers)}))}")
+            raise exc from None
+        try:
+            return _checked(root, model, layers, rewrites + ("unit_batch x1",), precision, key)
+        except (UnsupportedOpError, VerificationError, BuildError) as retry_exc:
+            log(f"after lifting: {retry_exc.message[:200]}")
+            raise exc from None
+
+
+def _converted_or_rewritten(root: Path, model: LoadedModel, proto, rewrites: tuple[str, ...], fp16: str,
+                            precision: str, key: str, log) -> dict:
     """pnnx on ``proto`` into ``root``, checked; the convert.json meta. One retry on the graph
     rewrite_for_ncnn makes, when pnnx left layers ncnn cannot load (batch-axis reshapes/slices, strided
     slices, an LSTM not in torch's export form) or, failing that, when the converted model disagrees
