@@ -317,6 +317,11 @@ def _tile_reduction(sch, lanes: int) -> bool:
     if reuse is not None:
         vregs = -(-width // lanes)
         rows = next((r for r in _ROW_TILES if ext[reuse] % r == 0 and r * vregs <= 8), 1)
+        if rows == 1 and width == lanes and not unrolled:
+            # no row tile divides the reuse axis (a prime number of rows: an unrolled decoder's 17th
+            # step): one accumulator vector would chain each FMA on the previous one's latency;
+            # several vectors side by side are independent chains sharing each broadcast
+            width = max((w for w in (8 * lanes, 4 * lanes, 2 * lanes) if ext[vec] % w == 0), default=lanes)
     elif not unrolled and width == lanes and row_major:
         # GEMV over a row-major [K, N] matrix: a wide tile, read row by row (see _GEMV_TILE)
         width = max((w for w in range(lanes, min(ext[vec], _GEMV_TILE) + 1, lanes) if ext[vec] % w == 0),
