@@ -76,9 +76,9 @@ def leftover_plan(model, target: Target, log) -> tuple[Plan | None, dict[str, st
 
 
 class _SegmentFailed(Exception):
-    def __init__(self, index: int, exc: EdgepackError):
+    def __init__(self, index: int, sub, exc: EdgepackError):
         super().__init__(exc.message)
-        self.index, self.exc = index, exc
+        self.index, self.sub, self.exc = index, sub, exc   # sub: the segment's model, for the probe
 
 
 class _SegmentsFailed(Exception):
@@ -160,11 +160,11 @@ def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Pa
     order = sorted(range(len(p.segments)), key=lambda k: p.segments[k].backend == "tvm")
     for k in order:
         seg = p.segments[k]
+        if seg.backend == "tvm" and failures:
+            break
         sub = seg.loaded(model, k)
         wd = workdir / f"seg{k}-{seg.backend}"
         seg_log = (lambda k: (lambda m: log(f"segment {k}: {m}")))(k)
-        if seg.backend == "tvm" and failures:
-            break
         if seg.backend == "tvm" and k != plain:
             builds[k] = _compile_tvm_segment(sub, target, wd, f"edgepack_seg{k}_", tc, seg_log, tuning_db)
         elif seg.backend == "tvm" and set(seg.ops) & PREFIX_UNSAFE_OPS:
@@ -174,7 +174,7 @@ def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Pa
                 builds[k] = get_backend(seg.backend).compile(CompileRequest(sub, target, precision, wd, tc, seg_log,
                                                                             tuning_db))
             except EdgepackError as exc:  # the split backend may move this segment to TVM and re-plan
-                failures.append(_SegmentFailed(k, exc))
+                failures.append(_SegmentFailed(k, sub, exc))
     if failures:
         raise _SegmentsFailed(failures)
     ordered = [builds[k] for k in range(len(p.segments))]
@@ -262,7 +262,7 @@ class SplitBackend:
                     seg = p.segments[f.index]
                     if not all(tvm_ok(op) for op in seg.ops):
                         raise f.exc from None
-                    force.update(_nodes_to_move(seg, seg.loaded(req.model, f.index), f, req.log))
+                    force.update(_nodes_to_move(seg, f.sub, f, req.log))
                 nxt = plan_for(req.model, req.target, force)
                 if nxt is None:  # everything on TVM now: the whole-graph TVM build does that better
                     raise failed.failures[0].exc from None

@@ -194,8 +194,9 @@ def _convert_in(root: Path, model: LoadedModel, proto, rewrites: tuple[str, ...]
             raise
         log(f"{exc.message[:200]}; retrying with a leading unit axis on every tensor (a sequence-first graph)")
         layers = _run_pnnx(model, lifted, root, fp16)
-        if _leftovers(layers):   # (not recorded for the split: the probe works on the graph as given)
-            log(f"after lifting, pnnx left {', '.join(sorted({t for t, _ in _leftovers(layers)}))}")
+        left = _leftovers(layers)
+        if left:   # (not recorded for the split: the probe works on the graph as given)
+            log(f"after lifting, pnnx left {', '.join(sorted({t for t, _ in left}))}")
             raise exc from None
         try:
             return _checked(root, model, layers, rewrites + ("unit_batch x1",), precision, key)

@@ -137,17 +137,33 @@ def _lift(gr, reshape, region: tuple[list, list, list], out_shape: tuple) -> Non
 def _gemm_to_matmul(gr, node) -> None:
     """Gemm(A, B, C) with alpha = beta = 1, A not transposed -> MatMul(A, B or B^T) (+ Add C), in place:
     the same sums, on an A of any rank."""
+    new = gemm_as_matmul(gr, node, node.input[0])
+    out = node.output[0]
+    pos = next(k for k, n in enumerate(gr.g.node) if n is node or list(n.output) == [out])
+    del gr.g.node[pos]
+    for k, n in enumerate(new):
+        gr.g.node.insert(pos + k, n)
+
+
+def gemm_as_matmul(gr, node, a: str) -> list:
+    """The nodes computing Gemm ``node`` (A not transposed, B and C constant) as MatMul(``a``, alpha·B or
+    alpha·Bᵀ) (+ Add beta·C), writing the Gemm's output: MatMul and Add take an A of any rank. Also
+    unit_batch.py's Gemm rule."""
     from .rewrite import _attr
     b = gr.consts[node.input[1]]
     if _attr(node, "transB", 0):
         b = np.ascontiguousarray(b.T)
+    alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
+    if alpha != 1.0:
+        b = np.ascontiguousarray(b * np.asarray(alpha, b.dtype))
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     out = node.output[0]
     product = gr.fresh(out + "_mm") if bias else out
-    mm = helper.make_node("MatMul", [node.input[0], gr.add_const(node.input[1] + "_w", b)], [product],
+    mm = helper.make_node("MatMul", [a, gr.add_const(node.input[1] + "_w", b)], [product],
                           name=node.name or gr.fresh("gemm"))
-    pos = next(k for k, n in enumerate(gr.g.node) if n is node or list(n.output) == [out])
-    new = [mm] + ([helper.make_node("Add", [product, bias], [out], name=gr.fresh("gemm_bias"))] if bias else [])
-    del gr.g.node[pos]
-    for k, n in enumerate(new):
-        gr.g.node.insert(pos + k, n)
+    if not bias:
+        return [mm]
+    if beta != 1.0:
+        c = gr.consts[bias]
+        bias = gr.add_const(bias + "_b", np.ascontiguousarray(c * np.asarray(beta, c.dtype)))
+    return [mm, helper.make_node("Add", [product, bias], [out], name=gr.fresh("gemm_bias"))]

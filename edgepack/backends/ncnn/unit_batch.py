@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .seq_first import gemm_as_matmul
+
 _ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Relu", "Sqrt", "Exp", "Log", "Neg", "Abs",
                 "Sigmoid", "Tanh", "Erf", "Clip", "Identity", "Reciprocal", "LeakyRelu", "HardSigmoid",
                 "HardSwish", "Softplus", "Where", "Equal", "Less", "Greater", "Not", "Cast", "Gelu"}
@@ -74,7 +76,7 @@ def _lifted_nodes(gr, runtime_inputs) -> list:
             nodes.append(node)
             continue
         new = _lift_node(gr, node, lifted)
-        for k, o in enumerate(node.output):
+        for o in node.output:
             if o:
                 lifted[o] = o if o not in outputs else gr.fresh(o + "_lifted")
         for n in new:
@@ -137,7 +139,7 @@ def _lift_node(gr, node, lifted: dict[str, str]) -> list:
             raise _Refuse(op)
         return [new]
     if op == "Gemm":
-        return _gemm(gr, node, new, lifted)
+        return _gemm(gr, node, lifted)
     if op in ("Reshape", "Expand"):
         dims = const_in(1)
         if dims is None or (op == "Reshape" and 0 in dims) or not is_lifted[0]:
@@ -182,25 +184,11 @@ def _lift_node(gr, node, lifted: dict[str, str]) -> list:
     raise _Refuse(op)
 
 
-def _gemm(gr, node, new, lifted) -> list:
-    """Gemm(A, B, C), A lifted, B and C constant -> MatMul(A, B or Bᵀ) (+ C): the same sums on any rank."""
+def _gemm(gr, node, lifted) -> list:
+    """Gemm(A, B, C), A lifted, B and C constant -> MatMul (+ Add): the same sums on any rank."""
     from .rewrite import _attr
     ins = list(node.input)
     if (_attr(node, "transA", 0) or ins[0] not in lifted or ins[1] not in gr.consts
             or (len(ins) > 2 and ins[2] and ins[2] not in gr.consts)):
         raise _Refuse("Gemm")
-    b = np.asarray(gr.consts[ins[1]])
-    if _attr(node, "transB", 0):
-        b = b.T
-    b = np.ascontiguousarray(b * np.asarray(_attr(node, "alpha", 1.0), b.dtype))
-    out = node.output[0]
-    bias = ins[2] if len(ins) > 2 and ins[2] else None
-    product = gr.fresh(out + "_mm") if bias else out
-    nodes = [helper.make_node("MatMul", [lifted[ins[0]], gr.add_const(ins[1] + "_w", b)], [product],
-                              name=node.name or gr.fresh("gemm"))]
-    if bias:
-        c = np.asarray(gr.consts[bias])
-        c = c * np.asarray(_attr(node, "beta", 1.0), c.dtype)
-        nodes.append(helper.make_node("Add", [product, gr.add_const(bias + "_b", np.ascontiguousarray(c))], [out],
-                                      name=gr.fresh("gemm_bias")))
-    return nodes
+    return gemm_as_matmul(gr, node, lifted[ins[0]])
