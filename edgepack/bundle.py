@@ -17,7 +17,8 @@ from .targets import Target
 from .toolchains import Toolchain
 
 COMMON_SOURCES = ("ep_util.c", "ep_npy.c", "ep_cli.c", "ep_main.c", "ep_json.c", "ep_http.c", "ep_csv.c",
-                  "ep_predict.c", "ep_serve.c", "ep_batch.c", "ep_page.c", "ep_engine_seq.c", "ep_emulation.c", "ep_detect.c")
+                  "ep_predict.c", "ep_serve.c", "ep_batch.c", "ep_page.c", "ep_engine_seq.c", "ep_engine_loop.c",
+                  "ep_emulation.c", "ep_detect.c")
 # ep_image.c includes stb_image.h from Debian's libstb-dev (a well-kept decoder, not vendored); only
 # artifacts with baked image preprocessing link it, the others a stub (ep_image_none.c, ~35 KB less).
 STB_INCLUDE_DIR = Path("/usr/include/stb")
@@ -44,6 +45,15 @@ class BundleSegment:
     outputs: tuple[TensorSpec, ...]     # tensors it writes
     options: dict
     model_blobs: tuple[Path, ...] = ()
+    body: "LoopBody | None" = None      # backend "loop": the body it steps (edgepack/loops.py)
+
+
+@dataclass(frozen=True)
+class LoopBody:
+    """A loop segment's body: a segment table of its own (ep_loop_body in ep_engine_table.h)."""
+    inputs: tuple[TensorSpec, ...]      # step, condition, carried values
+    outputs: tuple[TensorSpec, ...]     # next condition, changed values
+    segments: tuple[BundleSegment, ...]
 
 
 @dataclass(frozen=True)
@@ -135,8 +145,14 @@ def generate_sources(req: BundleRequest) -> tuple[Path, Path]:
     gout = [add(f"ep_blob_gout{i}", _npy_bytes(req.golden_outputs[s.name]), f"golden_out{i}.npy")
             for i, s in enumerate(req.outputs)]
     mblobs = [add(f"ep_blob_model{i}", p, f"model{i}{p.suffix}") for i, p in enumerate(req.engine.model_blobs)]
-    seg_blobs = [[add(f"ep_blob_s{k}_model{i}", p, f"s{k}_model{i}{p.suffix}") for i, p in enumerate(seg.model_blobs)]
-                 for k, seg in enumerate(req.segments or req.engine.segments)]
+
+    def blobs_of(segments, pre: str) -> list:
+        """Per segment: its blob symbols, and for a loop segment its body's, nested the same way."""
+        return [([add(f"ep_blob_{pre}s{k}_model{i}", p, f"{pre}s{k}_model{i}{p.suffix}")
+                  for i, p in enumerate(seg.model_blobs)],
+                 blobs_of(seg.body.segments, f"{pre}s{k}b_") if seg.body else None)
+                for k, seg in enumerate(segments)]
+    seg_blobs = blobs_of(req.segments or req.engine.segments, "")
     consts = [(s, add(f"ep_blob_const{i}", np.ascontiguousarray(req.golden_outputs[s.name]).tobytes(), f"const{i}.bin"))
               for i, s in enumerate(constant_outputs(req))]
 
@@ -187,66 +203,100 @@ def constant_outputs(req: BundleRequest) -> list[TensorSpec]:
     return [s for s in req.outputs if given and s.name not in written]
 
 
-def _segment_table(req: BundleRequest, seg_blobs: list[list[str]], blob, consts: list) -> str:
+def _segment_table(req: BundleRequest, seg_blobs: list, blob, consts: list) -> str:
     """C for ep_segments: slots 0..n-1 are the model's inputs, then its constant outputs (filled at
-    open from their blobs), then each segment's outputs."""
+    open from their blobs), then each segment's outputs. A loop segment's body gets a table of its own
+    (named after the segment), written before the segment that steps it."""
     given = req.segments or req.engine.segments
     segments = given or (BundleSegment(req.engine.backend, req.inputs, req.outputs, {}),)
+    out: list[str] = []
+    table = _table(req, "", req.inputs, req.outputs, segments, seg_blobs if given else None, blob, consts, out)
+    out.append(f"const ep_segment_table ep_segments = {table};\n")
+    return "\n".join(out)
+
+
+def _table(req: BundleRequest, pre: str, inputs, outputs, segments, seg_blobs, blob, consts: list,
+           out: list[str]) -> str:
+    """Appends the C a segment table needs to ``out``; returns the table's initializer. ``seg_blobs``
+    None: one segment, the whole model on ep_spec."""
     slots: dict[str, int] = {}
     slot_specs: list[TensorSpec] = []
-    for s in req.inputs + tuple(c for c, _ in consts) + tuple(o for seg in segments for o in seg.outputs):
+    for s in inputs + tuple(c for c, _ in consts) + tuple(o for seg in segments for o in seg.outputs):
         if s.name in slots:
             raise ValueError(f"tensor {s.name} is written twice in the segment table")
         slots[s.name] = len(slot_specs)
         slot_specs.append(s)
-    out = [_io_array("slot_specs", tuple(slot_specs))]
+    out.append(_io_array(f"{pre}slot_specs", tuple(slot_specs)))
     rows = []
     for k, seg in enumerate(segments):
+        name = f"{pre}s{k}"
         ins = ", ".join(str(slots[s.name]) for s in seg.inputs) or "0"
         outs = ", ".join(str(slots[s.name]) for s in seg.outputs)
-        out.append(f"static const int s{k}_in[] = {{{ins}}};\nstatic const int s{k}_out[] = {{{outs}}};\n")
-        if not given:  # one segment: the model's own spec
-            rows.append(f"    {{&ep_engine_ops_{seg.backend}, &ep_spec, s{k}_in, s{k}_out}},")
+        out.append(f"static const int {name}_in[] = {{{ins}}};\nstatic const int {name}_out[] = {{{outs}}};\n")
+        if seg_blobs is None:  # one segment: the model's own spec
+            rows.append(f"    {{&ep_engine_ops_{seg.backend}, &ep_spec, {name}_in, {name}_out}},")
             continue
-        opts = sorted(seg.options.items())
-        opt_rows = "\n".join(f"    {{{c_string(a)}, {c_string(str(v))}}}," for a, v in opts) or "    {0, 0},"
-        mb = seg_blobs[k]
-        nogold = ", ".join(["{0, 0}"] * max(len(seg.inputs), len(seg.outputs), 1))
-        out.append(f"""{_io_array(f"s{k}_inputs", seg.inputs)}{_io_array(f"s{k}_outputs", seg.outputs)}
-static const ep_option s{k}_options[] = {{
-{opt_rows}
-}};
-static const ep_blob s{k}_blobs[] = {{ {", ".join(blob(b) for b in mb) or "{0, 0}"} }};
-static const ep_blob s{k}_nogold[] = {{ {nogold} }}; /* golden data belongs to the whole model */
-static const ep_model_spec s{k}_spec = {{
-    .model_name = {c_string(f"{req.name}:{k}")}, .target = {c_string(req.target.name)},
-    .backend = {c_string(seg.backend)},
-    .n_inputs = {len(seg.inputs)}, .inputs = s{k}_inputs, .n_outputs = {len(seg.outputs)}, .outputs = s{k}_outputs,
-    .atol = {req.engine.tolerance.atol!r}, .rtol = {req.engine.tolerance.rtol!r},
-    .min_cosine = {req.engine.tolerance.min_cosine!r},
-    .n_options = {len(opts)}, .options = s{k}_options,
-    .golden_inputs = s{k}_nogold, .golden_outputs = s{k}_nogold,
-    .n_model_blobs = {len(mb)}, .model_blobs = s{k}_blobs,
-}};
-""")
-        rows.append(f"    {{&ep_engine_ops_{seg.backend}, &s{k}_spec, s{k}_in, s{k}_out}},")
-    model_out = ", ".join(str(slots[s.name]) for s in req.outputs)
+        mb, body_blobs = seg_blobs[k]
+        loop_body = "0"
+        if seg.body is not None:
+            b = seg.body
+            body_table = _table(req, f"{name}b_", b.inputs, b.outputs, b.segments, body_blobs, blob, [], out)
+            out.append(f"static const ep_segment_table {name}b_table = {body_table};\n"
+                       + _spec_c(req, f"{name}b_spec", f"{name}b_body", b.inputs, b.outputs, {}, [], "loop body")
+                       + f"static const ep_loop_body {name}_loop = {{&{name}b_spec, &{name}b_table}};\n")
+            loop_body = f"&{name}_loop"
+        out.append(_spec_c(req, f"{name}_spec", name, seg.inputs, seg.outputs, seg.options, [blob(x) for x in mb],
+                           seg.backend, loop_body))
+        rows.append(f"    {{&ep_engine_ops_{seg.backend}, &{name}_spec, {name}_in, {name}_out}},")
+    model_out = ", ".join(str(slots[s.name]) for s in outputs)
     const_slots = ", ".join(str(slots[c.name]) for c, _ in consts) or "0"
     const_data = ", ".join(blob(sym) for _, sym in consts) or "{0, 0}"
-    out.append(f"""static const ep_segment segments[] = {{
+    trims = [(j, s.trim[0], slots[s.trim[1]]) for j, s in enumerate(outputs) if s.trim]
+    col = lambda i: ", ".join(str(t[i]) for t in trims) or "0"  # noqa: E731
+    out.append(f"""static const ep_segment {pre}segments[] = {{
 {chr(10).join(rows)}
 }};
-static const int model_out_slots[] = {{{model_out}}};
-static const int const_slots[] = {{{const_slots}}};
-static const ep_blob const_data[] = {{ {const_data} }};
-const ep_segment_table ep_segments = {{
-    .n_slots = {len(slot_specs)}, .slots = slot_specs,
-    .n_segments = {len(segments)}, .segments = segments,
-    .output_slots = model_out_slots,
-    .n_consts = {len(consts)}, .const_slots = const_slots, .const_data = const_data,
-}};
+static const int {pre}model_out_slots[] = {{{model_out}}};
+static const int {pre}const_slots[] = {{{const_slots}}};
+static const ep_blob {pre}const_data[] = {{ {const_data} }};
+static const int {pre}trim_outputs[] = {{{col(0)}}};
+static const int {pre}trim_axes[] = {{{col(1)}}};
+static const int {pre}trim_slots[] = {{{col(2)}}};
 """)
-    return "\n".join(out)
+    return f"""{{
+    .n_slots = {len(slot_specs)}, .slots = {pre}slot_specs,
+    .n_segments = {len(segments)}, .segments = {pre}segments,
+    .output_slots = {pre}model_out_slots,
+    .n_consts = {len(consts)}, .const_slots = {pre}const_slots, .const_data = {pre}const_data,
+    .n_trims = {len(trims)}, .trim_outputs = {pre}trim_outputs, .trim_axes = {pre}trim_axes,
+    .trim_slots = {pre}trim_slots,
+}}"""
+
+
+def _spec_c(req: BundleRequest, sym: str, name: str, inputs, outputs, options: dict, blobs: list[str],
+            backend: str, loop_body: str = "0") -> str:
+    """An ep_model_spec for one segment (or a loop's body): golden data belongs to the whole model."""
+    opts = sorted(options.items())
+    opt_rows = "\n".join(f"    {{{c_string(a)}, {c_string(str(v))}}}," for a, v in opts) or "    {0, 0},"
+    nogold = ", ".join(["{0, 0}"] * max(len(inputs), len(outputs), 1))
+    return f"""{_io_array(f"{name}_inputs", inputs)}{_io_array(f"{name}_outputs", outputs)}
+static const ep_option {name}_options[] = {{
+{opt_rows}
+}};
+static const ep_blob {name}_blobs[] = {{ {", ".join(blobs) or "{0, 0}"} }};
+static const ep_blob {name}_nogold[] = {{ {nogold} }};
+static const ep_model_spec {sym} = {{
+    .model_name = {c_string(f"{req.name}:{name}")}, .target = {c_string(req.target.name)},
+    .backend = {c_string(backend)},
+    .n_inputs = {len(inputs)}, .inputs = {name}_inputs, .n_outputs = {len(outputs)}, .outputs = {name}_outputs,
+    .atol = {req.engine.tolerance.atol!r}, .rtol = {req.engine.tolerance.rtol!r},
+    .min_cosine = {req.engine.tolerance.min_cosine!r},
+    .n_options = {len(opts)}, .options = {name}_options,
+    .golden_inputs = {name}_nogold, .golden_outputs = {name}_nogold,
+    .n_model_blobs = {len(blobs)}, .model_blobs = {name}_blobs,
+    .loop_body = {loop_body},
+}};
+"""
 
 
 def _npy_bytes(arr: np.ndarray) -> bytes:

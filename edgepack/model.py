@@ -23,13 +23,19 @@ class TensorSpec:
     name: str
     shape: tuple          # ints, or strings for symbolic dims
     dtype: str            # numpy dtype name
+    # (axis, tensor): the model cuts this output along axis to the length that tensor holds at run
+    # time; shape is then the largest (edgepack/loops.py trim_outputs)
+    trim: tuple = ()
 
     @property
     def is_static(self) -> bool:
         return all(isinstance(d, int) and d > 0 for d in self.shape)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        out = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.trim:
+            out["cut_to_length"] = {"axis": self.trim[0], "length_of": self.trim[1]}
+        return out
 
 
 @dataclass(frozen=True)
@@ -271,7 +277,7 @@ def resolve_output_shapes(model: LoadedModel, outputs: dict[str, np.ndarray]) ->
     specs, changed = [], False
     for spec in model.outputs:
         arr = outputs.get(spec.name)
-        if arr is None or spec.is_static and tuple(spec.shape) == tuple(arr.shape):
+        if arr is None or spec.trim or spec.is_static and tuple(spec.shape) == tuple(arr.shape):
             specs.append(spec)
             continue
         specs.append(TensorSpec(spec.name, tuple(int(d) for d in arr.shape), spec.dtype))
@@ -282,6 +288,8 @@ def resolve_output_shapes(model: LoadedModel, outputs: dict[str, np.ndarray]) ->
     proto.CopyFrom(model.proto)
     by_name = {s.name: s for s in specs}
     for v in proto.graph.output:
+        if v.name not in by_name:  # a trimmed output's length (loops.trim_outputs)
+            continue
         shape = v.type.tensor_type.shape
         shape.ClearField("dim")
         for n in by_name[v.name].shape:

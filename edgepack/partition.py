@@ -158,7 +158,7 @@ def _runs(order: list, assign: dict[str, str]) -> list[tuple[str, list]]:
     runs: list[tuple[str, list]] = []
     for n in order:
         b = assign[n.name]
-        if runs and runs[-1][0] == b:
+        if runs and runs[-1][0] == b and b != "loop":  # each Loop is a segment of its own (loops.py)
             runs[-1][1].append(n)
         else:
             runs.append((b, [n]))

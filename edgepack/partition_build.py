@@ -24,6 +24,7 @@ from typing import Callable
 from .backends import CompileRequest, EngineBuild, get_backend
 from .bundle import BundleSegment
 from .errors import EdgepackError
+from .loops import loops_supported
 from .onnx_index import constants
 from .partition import Plan, PlanError, backend_predicates, plan
 from .reference import TOLERANCES
@@ -46,6 +47,8 @@ def plan_for(model, target: Target, force: dict[str, str] | None = None) -> Plan
         preds = backend_predicates(model, names)
         if len(preds) < 2:
             return None
+        if "tvm" in preds and loops_supported(model.proto):  # the runtime steps each Loop (loops.py)
+            preds["loop"] = lambda op: op == "Loop"
         if force and not all(preds["tvm"](op) for op in _ops_of(model, force)):
             return None  # a node to cut out that TVM cannot build either
         p = plan(model, preds, tuple(preds), force=force)
@@ -145,6 +148,42 @@ def _compile_tvm_segment(model, target: Target, workdir: Path, prefix: str, tc: 
         notes=(f"tvm: {why}",) + ((id_note,) if id_note else ()), weight_bytes=tc_mod.data_section_bytes(out["devc.o"]))
 
 
+_COMPILE_ORDER = {"ncnn": 0, "loop": 1, "tvm": 2}  # NCNN first: its failures re-plan before any TVM compile
+
+
+def _compile_loop_segment(sub, target: Target, workdir: Path, prefix: str, tc: Toolchain, log,
+                          tuning_db: str | None) -> EngineBuild:
+    """A Loop stepped by the runtime (loops.py): its body compiled by TVM under its own prefix, the
+    loop engine's wiring as options, the constants it starts from as blobs."""
+    import numpy as np
+
+    from .bundle import BundleSegment, LoopBody
+    from .loops import extract_body
+    try:
+        body = extract_body(sub)
+    except ValueError as exc:
+        raise PlanError(f"{sub.path.name}: the runtime cannot step this loop: {exc}") from exc
+    ops = {n.op_type for n in body.model.proto.graph.node}
+    if ops & PREFIX_UNSAFE_OPS:
+        raise PlanError(f"{sub.path.name}: the loop's body holds {sorted(ops & PREFIX_UNSAFE_OPS)[0]}, "
+                        "which TVM cannot compile in a loop body")
+    log(f"loop body: {len(body.model.proto.graph.node)} nodes on TVM")
+    built = _compile_tvm_segment(body.model, target, workdir / "body", prefix, tc, log, tuning_db)
+    options, constants = body.options()
+    blobs = []
+    for i, arr in enumerate(constants):
+        path = workdir / f"loop_const{i}.bin"
+        path.write_bytes(np.ascontiguousarray(arr).tobytes())
+        blobs.append(path)
+    seg = BundleSegment("tvm", body.model.inputs, body.model.outputs, dict(built.options), ())
+    return EngineBuild(
+        backend="loop", sources=(), include_dirs=(), link_inputs=(), model_blobs=tuple(blobs), options=options,
+        tolerance=built.tolerance, manifest={"body": built.manifest, "body_nodes": len(body.model.proto.graph.node),
+                                             "body_inputs": len(body.model.inputs)},
+        notes=built.notes, weight_bytes=built.weight_bytes + sum(p.stat().st_size for p in blobs),
+        body=LoopBody(body.model.inputs, body.model.outputs, (seg,)), parts=(built,))
+
+
 def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Path, tc: Toolchain,
                      log: Callable[[str], None], tuning_db: str | None = None) -> tuple[list[EngineBuild], EngineBuild]:
     """(per-segment builds, the combined build the bundle links). The NCNN segments are built
@@ -157,15 +196,17 @@ def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Pa
     # such a segment takes the one unprefixed place
     plain = next((k for k in tvm_segs if set(p.segments[k].ops) & PREFIX_UNSAFE_OPS), tvm_segs[0] if tvm_segs else -1)
     failures = []
-    order = sorted(range(len(p.segments)), key=lambda k: p.segments[k].backend == "tvm")
+    order = sorted(range(len(p.segments)), key=lambda k: _COMPILE_ORDER[p.segments[k].backend])
     for k in order:
         seg = p.segments[k]
-        if seg.backend == "tvm" and failures:
+        if seg.backend != "ncnn" and failures:
             break
         sub = seg.loaded(model, k)
         wd = workdir / f"seg{k}-{seg.backend}"
         seg_log = (lambda k: (lambda m: log(f"segment {k}: {m}")))(k)
-        if seg.backend == "tvm" and k != plain:
+        if seg.backend == "loop":
+            builds[k] = _compile_loop_segment(sub, target, wd, f"edgepack_seg{k}_body_", tc, seg_log, tuning_db)
+        elif seg.backend == "tvm" and k != plain:
             builds[k] = _compile_tvm_segment(sub, target, wd, f"edgepack_seg{k}_", tc, seg_log, tuning_db)
         elif seg.backend == "tvm" and set(seg.ops) & PREFIX_UNSAFE_OPS:
             builds[k] = _compile_tvm_segment(sub, target, wd, "", tc, seg_log, tuning_db)  # no x86-64 ISA copies
@@ -184,7 +225,7 @@ def compile_segments(p: Plan, model, target: Target, precision: str, workdir: Pa
 def combine(p: Plan, builds: list[EngineBuild], target: Target, tc: Toolchain, log) -> EngineBuild:
     sources, includes, link_inputs, link_flags, notes = [], [], [], [], []
     ncnn = [b for b in builds if b.backend == "ncnn"]
-    tvm = [b for b in builds if b.backend == "tvm"]
+    tvm = [b for b in builds if b.backend == "tvm"] + [p for b in builds for p in b.parts if p.backend == "tvm"]
     if ncnn:
         from .backends.ncnn.library import build_library
         from .backends.ncnn.prune import pruned_layer_object
@@ -217,7 +258,7 @@ def bundle_segments(p: Plan, model, builds: list[EngineBuild]) -> tuple[BundleSe
     out = []
     for k, (seg, b) in enumerate(zip(p.segments, builds)):
         sub = seg.loaded(model, k)
-        out.append(BundleSegment(b.backend, sub.inputs, sub.outputs, dict(b.options), tuple(b.model_blobs)))
+        out.append(BundleSegment(b.backend, sub.inputs, sub.outputs, dict(b.options), tuple(b.model_blobs), b.body))
     return tuple(out)
 
 

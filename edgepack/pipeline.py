@@ -28,6 +28,7 @@ from .bundle import BundleRequest, Bundled, bundle
 from .cache import sha256_bytes, sha256_file
 from .control_flow import lower_if
 from .errors import ArtifactError, EdgepackError, InputError, ToolMissingError, UnsupportedOpError, VerificationError
+from .loops import static_loops, trim_outputs
 from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_shapes, simplify
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
 from .quantized import lower_quantized
@@ -228,6 +229,8 @@ def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
         # Graph surgery before compilation, so every backend gets the same pre/post-processing.
         model = bake_prepost(model, path, opts.preprocess, opts.postprocess)
         check_input_sizes(model.inputs, model.path.name)
+    # a decoder loop's outputs up to the step it stopped at: computed whole, cut at run time
+    model = trim_outputs(static_loops(model))
     # The selftest's golden input is a realistic one (a synthetic scene for image inputs): on
     # noise a detector answers ~0 and the selftest's bound would measure nothing.
     golden_in = realistic_inputs(model.inputs, GOLDEN_SEED, prepost_of(model.proto))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ModelError, UnsupportedOpError
+from .loops import apply_trims
 from .model import LoadedModel, TensorSpec
 
 # Verification feeds every input at once; a declared 1x3x50000x50000 input must be refused
@@ -170,7 +171,8 @@ def run_onnxruntime(model: LoadedModel, inputs: dict[str, np.ndarray], what: str
     run_opts = ort.RunOptions()
     run_opts.log_severity_level = 4
     try:
-        return dict(zip(names, sess.run(names, inputs, run_opts)))
+        # a decoder loop's outputs cut to the length the model computed, as the artifact gives them
+        return apply_trims(model.proto, dict(zip(names, sess.run(names, inputs, run_opts))))
     except Exception as exc:
         raise ModelError(f"{model.path.name}: onnxruntime, the reference, fails on a {what} input "
                          f"({', '.join(f'{k} {v.dtype}{list(v.shape)}' for k, v in inputs.items())}): "

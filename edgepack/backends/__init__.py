@@ -44,6 +44,8 @@ class EngineBuild:
     weight_bytes: int = 0              # bytes of weights inside the artifact (for runtime-size reports)
     link_flags: tuple[str, ...] = ()   # e.g. ("-Wl,--whole-archive", ...) placed around link_inputs
     segments: tuple = ()               # bundle.BundleSegment per segment of a partitioned build (partition_build)
+    body: object = None                # a loop segment's bundle.LoopBody (edgepack/loops.py)
+    parts: tuple = ()                  # builds linked with this one (a loop segment's body)
 
 
 class Backend(Protocol):

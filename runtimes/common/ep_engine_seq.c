@@ -6,6 +6,9 @@
  * (counts, slot indices, that every slot a segment reads was written before it and matches the
  * segment's declared shape), so a damaged table is a clear error, not a bad read.
  *
+ * A model output whose length the model computes (a decoder that stops at its end token) is computed at
+ * its largest and cut after the run to the length in its slot (the table's trims).
+ *
  * EDGEPACK_SEGMENT_TIMES=1 in the environment: at close, one stderr line per segment with its
  * runs and total milliseconds (where a partitioned artifact spends its time; read once at open).
  */
@@ -58,6 +61,17 @@ static int check_table(const ep_model_spec *spec, const ep_segment_table *t, ep_
             rc = ep_fail(st, EP_ERR_MODEL, "segment table: constant %d fills slot %d, which is taken or unset", c, k);
         else
             written[k] = 1;
+    }
+    if (!rc && (t->n_trims < 0 || t->n_trims > spec->n_outputs ||
+                (t->n_trims && (!t->trim_outputs || !t->trim_axes || !t->trim_slots))))
+        rc = ep_fail(st, EP_ERR_MODEL, "segment table: %d cut outputs, damaged", t->n_trims);
+    for (int c = 0; c < t->n_trims && !rc; c++) {
+        int j = t->trim_outputs[c], a = t->trim_axes[c], k = t->trim_slots[c];
+        if (j < 0 || j >= spec->n_outputs || a < 0 || a >= spec->outputs[j].ndim || k < 0 || k >= t->n_slots ||
+            (t->slots[k].dtype != EP_I64 && t->slots[k].dtype != EP_I32) ||
+            ep_shape_count(t->slots[k].shape, t->slots[k].ndim) != 1)
+            rc = ep_fail(st, EP_ERR_MODEL, "segment table: cut %d (output %d, axis %d, length slot %d) is damaged", c,
+                         j, a, k);
     }
     for (int s = 0; s < t->n_segments && !rc; s++) {
         const ep_segment *g = &t->segments[s];
@@ -128,10 +142,13 @@ void ep_engine_close(ep_engine *e) {
 }
 
 int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_status *st) {
+    return ep_seq_open(spec, &ep_segments, threads, out, st);
+}
+
+int ep_seq_open(const ep_model_spec *spec, const ep_segment_table *t, int threads, ep_engine **out, ep_status *st) {
     *out = NULL;
     int rc = ep_spec_check(spec, st);
     if (rc) return rc;
-    const ep_segment_table *t = &ep_segments;
     if ((rc = check_table(spec, t, st))) return rc;
     ep_engine *e = calloc(1, sizeof *e);
     if (!e) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
@@ -180,6 +197,30 @@ int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_s
     return EP_OK;
 }
 
+/* A cut output back at the spec's shape: the caller allocated it so, a run shortens it. */
+static void restore_cut(ep_tensor *t, const ep_io_spec *o) {
+    t->ndim = o->ndim;
+    memcpy(t->shape, o->shape, sizeof t->shape);
+    t->nbytes = (size_t)ep_shape_count(o->shape, o->ndim) * ep_dtype_size(o->dtype);
+}
+
+/* Output t cut along axis to the computed length (as ONNX's Slice from 0 clamps its end: negative
+ * counts from the end, then 0..dim), the rows kept packed at the front of its buffer. */
+static void cut(ep_tensor *t, int axis, double end) {
+    int64_t dim = t->shape[axis];
+    double len = end < 0 ? end + (double)dim : end;
+    int64_t n = len <= 0 || len != len ? 0 : len >= (double)dim ? dim : (int64_t)len;
+    if (n == dim) return;
+    size_t outer = 1, inner = ep_dtype_size(t->dtype);
+    for (int d = 0; d < axis; d++) outer *= (size_t)t->shape[d];
+    for (int d = axis + 1; d < t->ndim; d++) inner *= (size_t)t->shape[d];
+    unsigned char *p = t->data;
+    for (size_t o = 1; o < outer && n > 0; o++)
+        memmove(p + o * (size_t)n * inner, p + o * (size_t)dim * inner, (size_t)n * inner);
+    t->shape[axis] = n;
+    t->nbytes = outer * (size_t)n * inner;
+}
+
 /* A view of src (never freed through the view). */
 static void view(ep_tensor *dst, const ep_tensor *src) {
     *dst = *src;
@@ -203,6 +244,7 @@ int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_
     const ep_segment_table *t = e->table;
     const ep_model_spec *spec = e->spec;
     int rc = EP_OK;
+    for (int c = 0; c < t->n_trims; c++) restore_cut(&outputs[t->trim_outputs[c]], &spec->outputs[t->trim_outputs[c]]);
     for (int j = 0; j < spec->n_outputs && !rc; j++) {
         const ep_tensor *slot = &e->slots[t->output_slots[j]];
         if (outputs[j].dtype != t->slots[t->output_slots[j]].dtype ||
@@ -244,6 +286,8 @@ int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_
         int k = direct_output(e, j);
         if (k >= 0) e->slots[k] = e->saved[j];
     }
+    for (int c = 0; c < t->n_trims && !rc; c++)
+        cut(&outputs[t->trim_outputs[c]], t->trim_axes[c], ep_tensor_get(&e->slots[t->trim_slots[c]], 0));
     for (int i = 0; i < spec->n_inputs; i++) memset(&e->slots[i], 0, sizeof e->slots[i]);
     if (!rc) e->runs++;
     return rc;

@@ -46,10 +46,29 @@ typedef struct {
     int n_consts;
     const int *const_slots;
     const ep_blob *const_data;
+    /* model outputs whose length the model computes (a decoder's steps, edgepack/loops.py): output
+     * trim_outputs[c] is cut along trim_axes[c] to the integer in slot trim_slots[c] after each run */
+    int n_trims;
+    const int *trim_outputs;
+    const int *trim_axes;
+    const int *trim_slots;
 } ep_segment_table;
+
+/* A loop segment's body: its own spec (inputs: iteration number, condition, carried values; outputs:
+ * the next condition, the carried values it changes) and segment table, run once per step by the loop
+ * engine (ep_engine_loop.c) through the same sequencer as the whole model. */
+typedef struct {
+    const ep_model_spec *spec;
+    const ep_segment_table *table;
+} ep_loop_body;
+
+/* The sequencer over any table: ep_engine_open is ep_seq_open over the artifact's ep_segments;
+ * ep_engine_run/close serve both. */
+int ep_seq_open(const ep_model_spec *spec, const ep_segment_table *t, int threads, ep_engine **out, ep_status *st);
 
 extern const ep_engine_ops ep_engine_ops_ncnn; /* runtimes/ncnn/ep_engine_ncnn.c */
 extern const ep_engine_ops ep_engine_ops_tvm;  /* runtimes/tvm/ep_engine_tvm.cc */
+extern const ep_engine_ops ep_engine_ops_loop; /* runtimes/common/ep_engine_loop.c */
 
 extern const ep_segment_table ep_segments; /* generated per artifact, next to ep_spec */
 

@@ -108,6 +108,7 @@ typedef struct {
     const ep_blob *golden_outputs;  /* .npy bytes, one per output */
     int n_model_blobs;
     const ep_blob *model_blobs;     /* backend-specific (ncnn: param text, weights) */
+    const void *loop_body;          /* a loop segment's ep_loop_body (ep_engine_table.h), else NULL */
 } ep_model_spec;
 
 extern const ep_model_spec ep_spec; /* generated per artifact */
@@ -130,7 +131,9 @@ int ep_read_file(const char *path, size_t max_bytes, unsigned char **data, size_
 typedef struct ep_engine ep_engine;
 int ep_engine_open(const ep_model_spec *spec, int threads, ep_engine **out, ep_status *st);
 /* inputs: spec->n_inputs tensors in spec order, shapes/dtypes already checked.
- * outputs: spec->n_outputs tensors allocated by the caller with the spec's shapes. */
+ * outputs: spec->n_outputs tensors allocated by the caller with the spec's shapes. An output whose
+ * length the model computes (a decoder's) comes back with that axis shortened (shape and nbytes);
+ * the next run restores the spec's shape first, so the same tensors serve every run. */
 int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st);
 void ep_engine_close(ep_engine *e);
 const char *ep_engine_describe(void); /* e.g. "ncnn 1.0.20261020" */

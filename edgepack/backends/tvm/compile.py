@@ -89,10 +89,63 @@ def import_onnx(model: LoadedModel):
         from ...onnx_lstm import decompose
         from .index_bounds import bounded  # computed indices stay inside their tensors (hostile input)
         with _layout_friendly_import():
-            return from_onnx(bounded(decompose(model.proto))[0], shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
+            proto = _one_hot_as_compare(bounded(decompose(model.proto))[0])
+            return from_onnx(proto, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=False)
     except Exception as exc:  # the frontend raises anything from KeyError to TVMError
         raise BuildError(f"TVM could not import the model: {_first_line(exc)}",
                          hint="fix the input shapes (--input-shape) or try --backend ncnn") from exc
+
+
+def _one_hot_as_compare(proto):
+    """OneHot with a constant depth as Where(Equal(indices, Range(depth)), on, off). The importer's
+    OneHot takes its values with tolist(): Python floats, so the result comes out float64 (Concat with
+    float32 then fails), and a one-element depth ([50], as Paddle writes it) is passed on as a list,
+    which relax.op.one_hot refuses."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from ...onnx_index import constants, tensor_infos
+    consts = constants(proto)
+    hot = [n for n in proto.graph.node if n.op_type == "OneHot" and n.domain in ("", "ai.onnx")
+           and n.input[1] in consts and n.input[2] in consts and consts[n.input[1]].size == 1]
+    if not hot:
+        return proto
+    infos = tensor_infos(proto)
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(proto)
+    replaced = {}
+    for k, n in enumerate(hot):
+        info = infos.get(n.input[0])
+        if info is None or info.dims is None:
+            continue
+        rank = len(info.dims)
+        axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
+        axis = axis + rank + 1 if axis < 0 else axis
+        depth = int(np.asarray(consts[n.input[1]]).reshape(-1)[0])
+        off, on = np.asarray(consts[n.input[2]]).reshape(-1)[:2]
+        p = f"{n.output[0]}__onehot{k}"
+        row = np.arange(depth, dtype=np.int64).reshape([depth if d == axis else 1 for d in range(rank + 1)])
+        fixed.graph.initializer.extend([
+            numpy_helper.from_array(row, f"{p}_row"), numpy_helper.from_array(np.asarray([axis], np.int64), f"{p}_axis"),
+            numpy_helper.from_array(np.asarray(depth, np.int64), f"{p}_depth"),
+            numpy_helper.from_array(np.asarray(0, np.int64), f"{p}_zero"),
+            numpy_helper.from_array(np.asarray(on), f"{p}_on"), numpy_helper.from_array(np.asarray(off), f"{p}_off")])
+        replaced[n.name or n.output[0]] = [
+            helper.make_node("Cast", [n.input[0]], [f"{p}_i"], to=onnx.TensorProto.INT64),
+            helper.make_node("Less", [f"{p}_i", f"{p}_zero"], [f"{p}_neg"]),
+            helper.make_node("Add", [f"{p}_i", f"{p}_depth"], [f"{p}_wrapped"]),
+            helper.make_node("Where", [f"{p}_neg", f"{p}_wrapped", f"{p}_i"], [f"{p}_idx"]),
+            helper.make_node("Unsqueeze", [f"{p}_idx", f"{p}_axis"], [f"{p}_col"]),
+            helper.make_node("Equal", [f"{p}_col", f"{p}_row"], [f"{p}_hit"]),
+            helper.make_node("Where", [f"{p}_hit", f"{p}_on", f"{p}_off"], [n.output[0]]),
+        ]
+    nodes = []
+    for n in fixed.graph.node:
+        nodes += replaced.get(n.name or n.output[0], [n]) if n.op_type == "OneHot" else [n]
+    del fixed.graph.node[:]
+    fixed.graph.node.extend(nodes)
+    return fixed
 
 
 LAYOUT_ATTR = "edgepack_conv_layout"

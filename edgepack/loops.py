@@ -1,0 +1,483 @@
+"""ONNX Loops that decide on data, run by the artifact's runtime: the body is compiled as a model of its
+own and the loop segment (runtimes/common/ep_engine_loop.c) steps it while the condition holds.
+
+Neither backend takes Loop (ncnn has no layer; TVM 0.27's relax importer has no converter), and an
+autoregressive decoder cannot be unrolled: it stops when it emits its end token (SLANet-plus's table
+decoder: up to 501 steps, 7 to 160 on real pages). The partition plan (partition.py) gives each Loop
+node a segment of backend "loop"; its body becomes a model whose inputs are the iteration number, the
+condition and the carried values, and whose outputs are the next condition and the carried values that
+change. A carried value the body passes through unchanged is an invariant: a constant one (the
+decoder's weights) becomes a weight of the body, a computed one (the encoder's features) is read from
+its slot at every step without a copy.
+
+What qualifies (``unsupported_reason``): no scan outputs, no reads of outer values from the body other
+than constants, no loop inside the body, and carried values of one size at every step (the body's
+static shapes: a loop that grows a tensor by concatenation has none). The rest stays refused by name.
+
+The data-dependent length of the decoder's outputs (a Slice up to the step count, after the loop) is
+``trim_outputs``'s: the artifact computes the output at its largest length and the runtime cuts it to
+the length the model computed (runtimes/common/ep_engine_seq.c), so `run`, `serve` and the selftest
+give exactly onnxruntime's shape.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .model import LoadedModel, TensorSpec, _value_specs
+
+TRIM_KEY = "edgepack.trim"  # model metadata: the outputs whose length the model decides (trim_outputs)
+# ops that act on each position of the trimmed axis alone: trimming before or after them is the same
+_ELEMENTWISE = frozenset({"Identity", "Cast", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Abs", "Neg", "Sqrt",
+                          "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Erf", "HardSigmoid", "HardSwish",
+                          "LeakyRelu", "Elu", "Selu", "Softplus", "Softsign", "Clip", "Not"})
+_ALONG_AXIS = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
+
+
+# ---- what qualifies ----------------------------------------------------------------------------------
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """Names a (sub)graph reads that it does not define itself, nested subgraphs included."""
+    local = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    reads: set[str] = set()
+    for n in graph.node:
+        for x in n.input:
+            if x and x not in local:
+                reads.add(x)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                reads |= _outer_reads(a.g) - local
+        local |= set(n.output)
+    return reads
+
+
+def _ops(graph: onnx.GraphProto) -> set[str]:
+    ops = set()
+    for n in graph.node:
+        ops.add(n.op_type)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                ops |= _ops(a.g)
+    return ops
+
+
+def unsupported_reason(node: onnx.NodeProto, outer_constants: set[str]) -> str | None:
+    """Why the runtime cannot step this Loop, or None when it can."""
+    body = next((a.g for a in node.attribute if a.name == "body"), None)
+    if body is None:
+        return "it has no body"
+    n_carried = len(body.input) - 2
+    if n_carried < 0 or len(body.output) != n_carried + 1:
+        return "it has scan outputs (values stacked over the steps)"
+    if {"Loop", "Scan"} & _ops(body):
+        return "its body holds another loop"
+    computed = _outer_reads(body) - outer_constants
+    if computed:
+        return f"its body reads {sorted(computed)[0]!r} from outside it"
+    return None
+
+
+def loops_supported(model: onnx.ModelProto) -> bool:
+    """Every Loop of the main graph qualifies (and there is one)."""
+    from .onnx_index import constants
+    consts = set(constants(model))
+    loops = [n for n in model.graph.node if n.op_type == "Loop"]
+    return bool(loops) and all(unsupported_reason(n, consts) is None for n in loops)
+
+
+# ---- the body as a model --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Source:
+    """Where a value the loop reads comes from: input ``index`` of the loop segment, or constant bytes."""
+    input_index: int | None = None
+    constant: np.ndarray | None = None
+
+    def option(self, blobs: list[np.ndarray]) -> str:
+        if self.input_index is not None:
+            return f"i{self.input_index}"
+        if self.constant is None:  # a value nothing reads: its first value does not matter
+            return "none"
+        blobs.append(self.constant)
+        return f"b{len(blobs) - 1}"
+
+
+@dataclass(frozen=True)
+class LoopBody:
+    model: LoadedModel                 # inputs: iteration, condition, carried; outputs: condition, changed values
+    max_steps: Source | None           # None: no trip count (the condition alone stops it)
+    condition: Source | None           # None: true
+    sources: tuple[Source, ...]        # per body input from the third on: its first (or only) value
+    next_output: tuple[int, ...]       # per body input from the third on: the body output replacing it, -1 none
+    results: tuple[int, ...]           # per loop segment output: the body input whose last value it is
+
+    def options(self) -> tuple[dict[str, str], list[np.ndarray]]:
+        """The loop engine's wiring (ep_engine_loop.c) and the constant values it reads from blobs."""
+        from .loop_lengths import GUARD
+        blobs: list[np.ndarray] = []
+        opts = {"loop.max": self.max_steps.option(blobs) if self.max_steps else "none",
+                "loop.cond": self.condition.option(blobs) if self.condition else "none"}
+        names = [o.name for o in self.model.outputs]
+        if GUARD in names:  # the fixed lengths the body was compiled for (loop_lengths.py)
+            opts["loop.guard"] = str(names.index(GUARD))
+        for j, (src, nxt) in enumerate(zip(self.sources, self.next_output), start=2):
+            opts[f"loop.in.{j}"] = src.option(blobs)
+            if nxt >= 0:
+                opts[f"loop.next.{j}"] = str(nxt)
+        for r, j in enumerate(self.results):
+            opts[f"loop.out.{r}"] = str(j)
+        return opts, blobs
+
+
+def _shape_of(info: onnx.ValueInfoProto) -> tuple | None:
+    dims = info.type.tensor_type.shape.dim
+    if not info.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
+        return None
+    return tuple(int(d.dim_value) for d in dims)
+
+
+def _set_shape(info: onnx.ValueInfoProto, shape: tuple) -> None:
+    t = info.type.tensor_type
+    t.ClearField("shape")
+    t.shape.SetInParent()
+    for d in shape:
+        t.shape.dim.add().dim_value = int(d)
+
+
+@dataclass(frozen=True)
+class _Body:
+    model: LoadedModel
+    kept: tuple[int, ...]        # carried indices that are body inputs (the others became its weights)
+    varying: tuple[int, ...]     # carried indices the body changes (its outputs from the second on)
+    unread: frozenset            # carried indices whose body input nothing reads (only the last value counts)
+
+
+def _guaranteed_step(loop: onnx.NodeProto, consts: dict) -> bool:
+    """The loop runs its body at least once whatever the input: trip count and condition constant (or absent)."""
+    m = loop.input[0] if len(loop.input) > 0 else ""
+    c = loop.input[1] if len(loop.input) > 1 else ""
+    m_ok = not m or m in consts and int(np.asarray(consts[m]).reshape(-1)[0]) >= 1
+    c_ok = not c or c in consts and bool(np.asarray(consts[c]).reshape(-1)[0])
+    return m_ok and c_ok
+
+
+def _body(loop: onnx.NodeProto, outer: onnx.ModelProto, consts: dict, outer_shape, read_after: set[str],
+          path: Path, opset: int) -> _Body:
+    """The body of ``loop`` as a model with static shapes. ``outer_shape(name)``: the static shape of a
+    value the loop reads; ``read_after``: the loop outputs something after the loop reads."""
+    why = unsupported_reason(loop, set(consts))
+    if why:
+        raise ValueError(why)
+    body_in = next(a.g for a in loop.attribute if a.name == "body")
+    carried = list(body_in.input[2:])
+    loop_in = list(loop.input) + [""] * (2 + len(carried) - len(loop.input))
+    invariant = [body_in.output[1 + c].name == carried[c].name for c in range(len(carried))]
+    reads = _outer_reads(body_in) | {x for n in body_in.node for x in n.input}
+    unread = frozenset(c for c in range(len(carried)) if carried[c].name not in reads and not invariant[c])
+    # constant invariants become weights of the body (unless something after the loop reads their last value)
+    folded = [invariant[c] and loop_in[2 + c] in consts and loop.output[c] not in read_after
+              for c in range(len(carried))]
+    m = onnx.ModelProto()
+    m.CopyFrom(outer)
+    bg = m.graph
+    for field in ("node", "input", "output", "initializer", "value_info"):
+        bg.ClearField(field)
+    bg.name = "loop_body"
+    bg.node.extend(body_in.node)
+    bg.initializer.extend(body_in.initializer)
+    for name in sorted(_outer_reads(body_in)):  # constants of the outer graph the body reads by name
+        bg.initializer.append(numpy_helper.from_array(np.ascontiguousarray(consts[name]), name))
+    iteration, condition = onnx.ValueInfoProto(), onnx.ValueInfoProto()
+    iteration.CopyFrom(body_in.input[0])
+    condition.CopyFrom(body_in.input[1])
+    # ONNX lets a body declare them as scalars or one-element vectors; onnxruntime feeds the declared rank
+    _set_shape(iteration, (1,) * min(1, len(iteration.type.tensor_type.shape.dim)))
+    iteration.type.tensor_type.elem_type = onnx.TensorProto.INT64
+    _set_shape(condition, (1,) * min(1, len(condition.type.tensor_type.shape.dim)))
+    condition.type.tensor_type.elem_type = onnx.TensorProto.BOOL
+    bg.input.extend([iteration, condition])
+    kept = []
+    for c, info in enumerate(carried):
+        if folded[c]:
+            bg.initializer.append(numpy_helper.from_array(np.ascontiguousarray(consts[loop_in[2 + c]]), info.name))
+            continue
+        v = onnx.ValueInfoProto()
+        v.CopyFrom(info)
+        _set_shape(v, outer_shape(loop_in[2 + c]))
+        bg.input.append(v)
+        kept.append(c)
+    varying = [c for c in kept if not invariant[c]]
+    bg.output.append(body_in.output[0])
+    bg.output.extend(body_in.output[1 + c] for c in varying)
+    model = _static_body(LoadedModel(path, m, _value_specs(bg.input, set()), (), opset, ()), varying, carried,
+                         unread, _guaranteed_step(loop, consts))
+    return _Body(model, tuple(kept), tuple(varying), unread)
+
+
+def extract_body(segment: LoadedModel) -> LoopBody:
+    """The one Loop node of ``segment`` (a loop segment cut out by the plan) as a body model with static
+    shapes, and the wiring of its values. Raises ValueError when the body does not qualify."""
+    from .onnx_index import constants, tensor_infos
+    loop = next(n for n in segment.proto.graph.node if n.op_type == "Loop")
+    consts = constants(segment.proto)
+    infos = tensor_infos(segment.proto)
+    seg_inputs = [s.name for s in segment.inputs]
+
+    def outer_shape(name: str) -> tuple:
+        if name in consts:
+            return tuple(consts[name].shape)
+        info = infos.get(name)
+        if info is None or info.static is None:
+            raise ValueError(f"the loop's input {name!r} has no static shape")
+        return info.static
+
+    def source(name: str) -> Source | None:
+        if not name:
+            return None
+        if name in consts:
+            return Source(constant=np.ascontiguousarray(consts[name]))
+        return Source(input_index=seg_inputs.index(name))
+
+    read_after = {o.name for o in segment.proto.graph.output}
+    b = _body(loop, segment.proto, consts, outer_shape, read_after,
+              segment.path.with_name(f"{segment.path.stem}.body.onnx"), segment.opset)
+    loop_in = list(loop.input) + [""] * (2 + len(loop.attribute[0].g.input) - len(loop.input))
+    by_body_out = {c: 1 + b.varying.index(c) for c in b.varying}
+    sources = tuple(Source() if c in b.unread else source(loop_in[2 + c]) for c in b.kept)
+    nexts = tuple(by_body_out.get(c, -1) for c in b.kept)
+    results = []
+    for o in segment.outputs:
+        c = list(loop.output).index(o.name)
+        results.append(2 + b.kept.index(c))
+    return LoopBody(b.model, source(loop_in[0]), source(loop_in[1]), sources, nexts, tuple(results))
+
+
+def _static_body(body: LoadedModel, varying: list[int], carried: list, unread: frozenset,
+                 guaranteed: bool) -> LoadedModel:
+    """The body simplified with its static input shapes. Each value it changes keeps its size from one
+    step to the next (a one-element value may change rank: bodies return [1] for a [] input); one it
+    never reads takes the shape the body gives it, where the body surely runs (else the loop's result
+    would have the first value's shape when it does not)."""
+    from .control_flow import lower_if
+    from .loop_lengths import specialise_lengths
+    from .model import _with, simplify
+    simplified = simplify(lower_if(simplify(body)))  # the body's Ifs as Where, as the main graph's
+    proto, rewritten = specialise_lengths(simplified.proto)
+    if rewritten:  # the shapes those fixed lengths decided fold now
+        simplified = simplify(_with(body, proto, f"{rewritten} computed-start slices of fixed length"))
+    proto = onnx.shape_inference.infer_shapes(simplified.proto, strict_mode=False)
+    ins = {i.name: i for i in proto.graph.input}
+    for k, c in enumerate(varying):
+        shape = _shape_of(proto.graph.output[1 + k])
+        want = _shape_of(ins[carried[c].name])
+        if shape is not None and c in unread and guaranteed:
+            _set_shape(ins[carried[c].name], shape)
+            continue
+        if shape is None or want is None or int(np.prod(shape)) != int(np.prod(want)):
+            raise ValueError(f"the loop's carried value {carried[c].name!r} changes size from step to step "
+                             f"({want} -> {shape})")
+    cond = _shape_of(proto.graph.output[0])
+    if cond is None or int(np.prod(cond)) != 1:
+        raise ValueError("the loop's condition is not one value")
+    inits = {i.name for i in proto.graph.initializer}
+    model = _with(body, proto, "loop body: static shapes")
+    return replace(model, inputs=_value_specs(proto.graph.input, inits), outputs=_value_specs(proto.graph.output, set()))
+
+
+def static_loops(model: LoadedModel) -> LoadedModel:
+    """The model with each qualifying Loop's outputs at the static shapes its body gives them: a carried
+    value the body never reads starts from zeros of its final shape (Paddle's exporter starts them as
+    scalars), and the outer graph's shapes are inferred again from the body's. Unchanged when a Loop
+    does not qualify (the backends then refuse it by name)."""
+    from .onnx_index import constants, tensor_infos
+    proto = model.proto
+    loops = [n for n in proto.graph.node if n.op_type == "Loop"]
+    if not loops or not loops_supported(proto):
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    loop_shapes: dict[str, tuple] = {}
+    for loop in [n for n in m.graph.node if n.op_type == "Loop"]:
+        consts = constants(m)
+        infos = tensor_infos(m)
+
+        def outer_shape(name: str) -> tuple:
+            if name in consts:
+                return tuple(consts[name].shape)
+            info = infos.get(name)
+            if info is None or info.static is None:
+                raise ValueError(f"the loop's input {name!r} has no static shape")
+            return info.static
+        try:
+            b = _body(loop, m, consts, outer_shape, set(loop.output), model.path, model.opset)
+        except ValueError:
+            return model
+        body_graph = next(a.g for a in loop.attribute if a.name == "body")
+        shapes = {s.name: s.shape for s in b.model.inputs + b.model.outputs}
+        for c in range(len(body_graph.input) - 2):
+            name = body_graph.input[2 + c].name
+            if c in b.unread and name in shapes:
+                zero = np.zeros(shapes[name], dtype=_np_dtype(body_graph.input[2 + c]))
+                init = f"{loop.output[c]}__first"
+                m.graph.initializer.append(numpy_helper.from_array(zero, init))
+                loop.input[2 + c] = init
+        # the body's declared shapes, and the loop's outputs at them (onnx's inference leaves those unknown)
+        for v in list(body_graph.input[2:]) + list(body_graph.output[1:]):
+            if v.name in shapes:
+                _set_shape(v, shapes[v.name])
+        for c, out in enumerate(loop.output[:len(body_graph.input) - 2]):
+            src = body_graph.output[1 + c]
+            shape = shapes.get(src.name, shapes.get(body_graph.input[2 + c].name))
+            if shape is not None:
+                loop_shapes[out] = (src.type.tensor_type.elem_type, shape)
+    # what onnx inferred after the loop came from the unknown shapes: inferred again from these
+    m.graph.ClearField("value_info")
+    m.graph.value_info.extend(helper.make_tensor_value_info(name, t, shape) for name, (t, shape) in loop_shapes.items())
+    m = onnx.shape_inference.infer_shapes(m, strict_mode=False)
+    return LoadedModel(model.path, m, model.inputs, model.outputs, model.opset,
+                       model.notes + ("loop outputs at the static shapes of the loop's body",))
+
+
+def _np_dtype(info: onnx.ValueInfoProto):
+    return onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
+
+
+# ---- outputs whose length the model decides ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Trim:
+    output: str     # model output
+    axis: int       # the axis cut
+    length: str     # the tensor holding the length (Slice's end), an extra graph output
+
+    def to_json(self) -> dict:
+        return {"output": self.output, "axis": self.axis, "length": self.length}
+
+
+def trims_of(proto: onnx.ModelProto) -> list[Trim]:
+    for p in proto.metadata_props:
+        if p.key == TRIM_KEY:
+            return [Trim(**t) for t in json.loads(p.value)]
+    return []
+
+
+def _const_ints(name: str, consts: dict) -> list[int] | None:
+    if name not in consts:
+        return None
+    return [int(v) for v in np.asarray(consts[name]).reshape(-1)]
+
+
+def trim_outputs(model: LoadedModel) -> LoadedModel:
+    """Each output that is a Slice from 0 up to a computed end along one axis (then only ops that treat
+    each position of that axis alone) is computed whole; the end becomes an extra graph output and the
+    output's spec records the cut (TensorSpec.trim). Only for models with a Loop: elsewhere a computed
+    end is a fixed one once the input shapes are (onnxsim folds it)."""
+    from .onnx_index import constants, tensor_infos
+    proto = model.proto
+    if not any(n.op_type == "Loop" for n in proto.graph.node):
+        return model
+    consts = constants(proto)
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in proto.graph.node:
+        for x in n.input:
+            readers[x] = readers.get(x, 0) + 1
+    found: list[tuple[str, onnx.NodeProto, int]] = []
+    for out in model.outputs:
+        name, node = out.name, producer.get(out.name)
+        ok = True
+        while node is not None and node.op_type != "Slice":
+            if node.op_type in _ELEMENTWISE or node.op_type in _ALONG_AXIS:
+                node = producer.get(node.input[0])
+            else:
+                ok = False
+                break
+        if not ok or node is None or len(node.input) < 4:
+            continue
+        starts, axes = _const_ints(node.input[1], consts), _const_ints(node.input[3], consts)
+        steps = _const_ints(node.input[4], consts) if len(node.input) > 4 and node.input[4] else [1]
+        if starts != [0] or axes is None or len(axes) != 1 or steps != [1] or node.input[2] in consts:
+            continue
+        found.append((name, node, axes[0]))
+    if not found:
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    infos = tensor_infos(m)
+    trims, specs = [], list(model.outputs)
+    for name, slice_node, axis in found:
+        data = slice_node.input[0]
+        full = infos.get(data)
+        if full is None or full.static is None:
+            continue
+        shape = full.static
+        rank = len(shape)
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis < rank or not _chain_keeps_axis(m, name, slice_node, axis, rank):
+            continue
+        sliced = slice_node.output[0]
+        if readers.get(sliced, 0) != 1 and sliced != name:
+            continue
+        # the chain reads the whole tensor; the Slice stays for nothing and onnx prunes it
+        for n in m.graph.node:
+            for i, x in enumerate(n.input):
+                if x == sliced:
+                    n.input[i] = data
+        if sliced == name:  # the Slice is the output itself: an Identity of the whole tensor instead
+            keep = [n for n in m.graph.node if n.output[0] != sliced]
+            del m.graph.node[:]
+            m.graph.node.extend(keep + [helper.make_node("Identity", [data], [name], name=f"{name}_untrimmed")])
+        length = slice_node.input[2]
+        if length not in {o.name for o in m.graph.output}:
+            m.graph.output.append(helper.make_tensor_value_info(length, onnx.TensorProto.INT64, None))
+        trims.append(Trim(name, axis, length))
+        k = next(i for i, s in enumerate(specs) if s.name == name)
+        specs[k] = TensorSpec(name, shape, specs[k].dtype, trim=(axis, length))
+        for o in m.graph.output:
+            if o.name == name:
+                _set_shape(o, shape)
+    if not trims:
+        return model
+    from .onnx_index import remove_dead_nodes
+    remove_dead_nodes(m)
+    m.metadata_props.add(key=TRIM_KEY, value=json.dumps([t.to_json() for t in trims]))
+    note = "outputs cut to a computed length at run time: " + ", ".join(
+        f"{t.output} (axis {t.axis} up to {t.length})" for t in trims)
+    return LoadedModel(model.path, m, model.inputs, tuple(specs), model.opset, model.notes + (note,))
+
+
+def _chain_keeps_axis(m: onnx.ModelProto, output: str, slice_node: onnx.NodeProto, axis: int, rank: int) -> bool:
+    """The ops from the Slice to the output treat each position of ``axis`` alone."""
+    producer = {o: n for n in m.graph.node for o in n.output}
+    node = producer.get(output)
+    while node is not None and node is not slice_node and node.output[0] != slice_node.output[0]:
+        if node.op_type in _ALONG_AXIS:
+            a = next((int(x.i) for x in node.attribute if x.name == "axis"), -1)
+            if (a + rank if a < 0 else a) == axis:
+                return False
+        node = producer.get(node.input[0])
+    return True
+
+
+def apply_trims(proto: onnx.ModelProto, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnxruntime's answer for a trimmed model as the original model gives it: each cut output at its
+    length, the lengths themselves dropped (the artifact's runtime does the same)."""
+    trims = trims_of(proto)
+    if not trims:
+        return outputs
+    out = dict(outputs)
+    for t in trims:
+        arr = out[t.output]
+        n = arr.shape[t.axis]
+        end = int(np.asarray(outputs[t.length]).reshape(-1)[0])
+        end = min(max(end + n if end < 0 else end, 0), n)
+        out[t.output] = arr[(slice(None),) * t.axis + (slice(0, end),)]
+    for t in trims:
+        if t.length not in {x.output for x in trims}:
+            out.pop(t.length, None)
+    return out

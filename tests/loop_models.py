@@ -1,0 +1,108 @@
+"""A small autoregressive decoder as ONNX's Loop, written as Paddle's exporter writes SLANet-plus's:
+a trip count and a data-decided stop, a buffer whose row i is written at step i through
+``Range(i, i + 1)`` + Tile + ScatterElements, the row read back through ``Slice(buf, i, min(N, i + 1))``,
+a write-only carried value that starts as a scalar, invariant weights and a computed invariant (the
+encoder's output), and after the loop a Slice of the buffer up to the step count (the output's length
+is the model's answer)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+ROWS, WIDTH = 12, 8
+
+
+def _c(name: str, value) -> onnx.NodeProto:
+    return h.make_node("Constant", [], [name], value=nh.from_array(np.asarray(value), name))
+
+
+def decoder_model(path, rows_guard: bool = True, seed: int = 5) -> onnx.ModelProto:
+    """``rows_guard`` False: the body's own stop ignores the buffer's length, so a long decode reads
+    (Slice) past the last row, where ONNX gives an empty slice and the compiled body a check failure."""
+    rng = np.random.default_rng(seed)
+    w_in = rng.normal(0, 0.6, (WIDTH, WIDTH)).astype(np.float32)
+    w_rec = rng.normal(0, 0.9, (WIDTH, WIDTH)).astype(np.float32)
+    f32 = lambda n, s: h.make_tensor_value_info(n, T.FLOAT, s)  # noqa: E731
+    body_nodes = [
+        _c("one_f", np.float32(1.0)), _c("rows", np.asarray([ROWS], np.int64)), _c("axes1", np.asarray([1], np.int64)),
+        _c("shape111", np.asarray([1, 1, 1], np.int64)), _c("tile", np.asarray([1, 1, WIDTH], np.int64)),
+        _c("zero_i", np.asarray(0, np.int64)), _c("limit", np.asarray([ROWS], np.int64)),
+        # the step's counter through a float round trip, as Paddle writes it
+        h.make_node("Cast", ["count"], ["count_f"], to=T.FLOAT),
+        h.make_node("Add", ["count_f", "one_f"], ["next_f"]),
+        h.make_node("Cast", ["next_f"], ["next"], to=T.INT64),
+        h.make_node("Min", ["rows", "next"], ["end"]),
+        h.make_node("Slice", ["buf", "count", "end", "axes1"], ["prev"]),          # row i (zeros until written)
+        h.make_node("ReduceSum", ["prev", "axes1"], ["prev_sum"], keepdims=0),
+        h.make_node("MatMul", ["state", "w_rec"], ["rec"]),
+        h.make_node("Add", ["rec", "enc"], ["pre0"]),
+        h.make_node("Add", ["pre0", "prev_sum"], ["pre"]),
+        h.make_node("Tanh", ["pre"], ["state_next"]),
+        # row i of the buffer := the new state
+        h.make_node("Squeeze", ["count"], ["count_s"]),
+        h.make_node("Squeeze", ["next"], ["next_s"]),
+        h.make_node("Range", ["count_s", "next_s", "one_i"], ["row_ids"]),
+        h.make_node("Reshape", ["row_ids", "shape111"], ["row_ids3"]),
+        h.make_node("Tile", ["row_ids3", "tile"], ["idx"]),
+        h.make_node("Unsqueeze", ["state_next", "axes1"], ["upd"]),
+        h.make_node("ScatterElements", ["buf", "idx", "upd"], ["buf_next"], axis=1),
+        h.make_node("Identity", ["buf_next"], ["out_next"]),                       # write-only: starts as a scalar
+        # stop at token 0 (the state's argmax), or at the buffer's end
+        h.make_node("ArgMax", ["state_next"], ["token"], axis=1, keepdims=0),
+        h.make_node("Equal", ["token", "zero_tok"], ["eos"]),
+        h.make_node("Not", ["eos"], ["going"]),
+        h.make_node("Less", ["next", "limit"], ["room"]),
+        h.make_node("And", ["going", "room"] if rows_guard else ["going", "going"], ["cond_vec"]),
+        h.make_node("Reshape", ["cond_vec", "scalar"], ["cond_next"]),
+        h.make_node("Identity", ["next"], ["count_next"]),
+    ]
+    body_inits = [nh.from_array(np.asarray(1, np.int64), "one_i"), nh.from_array(np.asarray([0], np.int64), "zero_tok"),
+                  nh.from_array(np.asarray([], np.int64), "scalar")]
+    body = h.make_graph(
+        body_nodes, "decoder_step",
+        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("cond", T.BOOL, []),
+         f32("state", [1, WIDTH]), h.make_tensor_value_info("count", T.INT64, [1]), f32("buf", [1, ROWS, WIDTH]),
+         f32("out", None), f32("w_rec", [WIDTH, WIDTH]), f32("enc", [1, WIDTH])],
+        [h.make_tensor_value_info("cond_next", T.BOOL, []), f32("state_next", [1, WIDTH]),
+         h.make_tensor_value_info("count_next", T.INT64, [1]), f32("buf_next", [1, ROWS, WIDTH]),
+         f32("out_next", [1, ROWS, WIDTH]), f32("w_rec", [WIDTH, WIDTH]), f32("enc", [1, WIDTH])],
+        initializer=body_inits)
+    nodes = [
+        h.make_node("MatMul", ["x", "w_in"], ["enc0"]),
+        h.make_node("Relu", ["enc0"], ["enc"]),
+        h.make_node("Loop", ["max_steps", "go", "state0", "count0", "buf0", "out0", "w_rec", "enc"],
+                    ["state_f", "count_f", "buf_f", "out_f", "w_rec_f", "enc_f"], body=body),
+        h.make_node("Reshape", ["count_f", "vec"], ["length"]),
+        h.make_node("Slice", ["out_f", "start0", "length", "axes1o"], ["rows_used"]),
+        h.make_node("Softmax", ["rows_used"], ["probs"], axis=-1),
+    ]
+    inits = [nh.from_array(w_in, "w_in"), nh.from_array(w_rec, "w_rec"),
+             nh.from_array(np.asarray(100, np.int64), "max_steps"), nh.from_array(np.asarray(True), "go"),
+             nh.from_array(np.zeros((1, WIDTH), np.float32), "state0"), nh.from_array(np.zeros(1, np.int64), "count0"),
+             nh.from_array(np.zeros((1, ROWS, WIDTH), np.float32), "buf0"), nh.from_array(np.float32(0), "out0"),
+             nh.from_array(np.asarray([1], np.int64), "vec"), nh.from_array(np.asarray([0], np.int64), "start0"),
+             nh.from_array(np.asarray([1], np.int64), "axes1o")]
+    graph = h.make_graph(nodes, "tiny_decoder", [f32("x", [1, WIDTH])],
+                         [f32("probs", [1, "steps", WIDTH]), f32("state_f", [1, WIDTH])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], producer_name="edgepack-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return model
+
+
+def inputs_with_lengths(model_path, count: int = 40, seed: int = 11) -> list[tuple[np.ndarray, int]]:
+    """Inputs and onnxruntime's decode length for each, from seeded random draws."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        x = rng.normal(0, 1.5, (1, WIDTH)).astype(np.float32)
+        out.append((x, sess.run(["probs"], {"x": x})[0].shape[1]))
+    return out
