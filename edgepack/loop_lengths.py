@@ -115,7 +115,10 @@ def specialise_lengths(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             m.graph.initializer.extend([numpy_helper.from_array(np.asarray(dim, np.int64), f"{p}_dim"),
                                         numpy_helper.from_array(np.asarray(dim - k, np.int64), f"{p}_last"),
                                         numpy_helper.from_array(np.asarray(0, np.int64), f"{p}_zero")])
-            nodes += [helper.make_node("Add", [f"{p}_s", f"{p}_steps"], [f"{p}_idx"]),
+            # the rows read are kept inside the tensor (a Gather must not read past it), the check uses the real start
+            nodes += [helper.make_node("Min", [f"{p}_s", f"{p}_last"], [f"{p}_low"]),
+                      helper.make_node("Max", [f"{p}_low", f"{p}_zero"], [f"{p}_first"]),
+                      helper.make_node("Add", [f"{p}_first", f"{p}_steps"], [f"{p}_idx"]),
                       helper.make_node("Gather", [node.input[0], f"{p}_idx"], [node.output[0]], axis=axis),
                       helper.make_node("Min", [f"{p}_e", f"{p}_dim"], [f"{p}_end"]),
                       helper.make_node("Sub", [f"{p}_end", f"{p}_s"], [f"{p}_len"]),

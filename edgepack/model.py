@@ -1,7 +1,11 @@
 """Stages 1–2: load & check the ONNX model, fix symbolic input dims, simplify with onnxsim."""
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -297,8 +301,31 @@ def resolve_output_shapes(model: LoadedModel, outputs: dict[str, np.ndarray]) ->
     return LoadedModel(model.path, proto, model.inputs, tuple(specs), model.opset, model.notes)
 
 
+_STDOUT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """onnxsim's C++ core prints its warnings on file descriptor 1 ("the simplification stopped because
+    of timeout", SLANet-plus), which would corrupt `build --json`: stdout is the JSON's alone."""
+    with _STDOUT_LOCK:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            os.dup2(2, 1)
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def simplify(model: LoadedModel) -> LoadedModel:
     """onnxsim with the static shapes; if onnxsim itself fails, keep the graph and say so."""
+    with _stdout_to_stderr():
+        return _simplify(model)
+
+
+def _simplify(model: LoadedModel) -> LoadedModel:
     import onnxsim
     try:
         simplified, ok = onnxsim.simplify(model.proto)

@@ -106,3 +106,59 @@ def inputs_with_lengths(model_path, count: int = 40, seed: int = 11) -> list[tup
         x = rng.normal(0, 1.5, (1, WIDTH)).astype(np.float32)
         out.append((x, sess.run(["probs"], {"x": x})[0].shape[1]))
     return out
+
+
+def counted_model(path, seed: int = 6) -> onnx.ModelProto:
+    """A loop that steps |x[0]| + 1 times (x ~ N(0, 1): a few steps) and reads row i of a 12-row table
+    with ``Slice(table, i, min(12, i + 1))``: from step 12 on onnxruntime's slice is empty (the loop goes
+    on with a zero sum), while the compiled body's fixed length no longer holds and the artifact must
+    stop with an error rather than answer otherwise."""
+    rng = np.random.default_rng(seed)
+    f32 = lambda n, s: h.make_tensor_value_info(n, T.FLOAT, s)  # noqa: E731
+    body = h.make_graph([
+        _c("one_f", np.float32(1.0)), _c("rows", np.asarray([ROWS], np.int64)), _c("axes1", np.asarray([1], np.int64)),
+        h.make_node("Cast", ["count"], ["count_f"], to=T.FLOAT),
+        h.make_node("Add", ["count_f", "one_f"], ["next_f"]),
+        h.make_node("Cast", ["next_f"], ["next"], to=T.INT64),
+        h.make_node("Min", ["rows", "next"], ["end"]),
+        h.make_node("Slice", ["table", "count", "end", "axes1"], ["row"]),
+        h.make_node("ReduceSum", ["row", "axes1"], ["row_sum"], keepdims=0),
+        h.make_node("MatMul", ["state", "w"], ["rec"]),
+        h.make_node("Add", ["rec", "row_sum"], ["pre"]),
+        h.make_node("Tanh", ["pre"], ["state_next"]),
+        h.make_node("Less", ["next", "limit"], ["more"]),
+        h.make_node("Squeeze", ["more"], ["cond_next"]),
+        h.make_node("Identity", ["next"], ["count_next"]),
+    ], "counted_step",
+        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("cond", T.BOOL, []),
+         f32("state", [1, WIDTH]), h.make_tensor_value_info("count", T.INT64, [1]), f32("table", [1, ROWS, WIDTH]),
+         h.make_tensor_value_info("limit", T.INT64, [1]), f32("w", [WIDTH, WIDTH])],
+        [h.make_tensor_value_info("cond_next", T.BOOL, []), f32("state_next", [1, WIDTH]),
+         h.make_tensor_value_info("count_next", T.INT64, [1]), f32("table", [1, ROWS, WIDTH]),
+         h.make_tensor_value_info("limit", T.INT64, [1]), f32("w", [WIDTH, WIDTH])])
+    nodes = [
+        h.make_node("Slice", ["x", "zero1", "one1", "one1"], ["x0"]),            # x[:, 0:1]
+        h.make_node("Abs", ["x0"], ["x0_abs"]), h.make_node("Floor", ["x0_abs"], ["x0_floor"]),
+        h.make_node("Cast", ["x0_floor"], ["x0_int"], to=T.INT64),
+        h.make_node("Reshape", ["x0_int", "one1"], ["steps"]),
+        h.make_node("Add", ["steps", "one1"], ["limit"]),
+        h.make_node("MatMul", ["x", "w_t"], ["t0"]),
+        h.make_node("Reshape", ["t0", "t_shape"], ["t1"]),
+        h.make_node("Expand", ["t1", "table_shape"], ["table"]),
+        # an explicit condition: with "" ONNX ignores the body's (onnxsim then unrolls all 100 steps)
+        h.make_node("Loop", ["max_steps", "go", "state0", "count0", "table", "limit", "w"],
+                    ["state_f", "count_f", "table_f", "limit_f", "w_f"], body=body),
+    ]
+    inits = [nh.from_array(rng.normal(0, 0.5, (WIDTH, WIDTH)).astype(np.float32), "w"),
+             nh.from_array(rng.normal(0, 0.5, (WIDTH, WIDTH)).astype(np.float32), "w_t"),
+             nh.from_array(np.asarray([1, 1, WIDTH], np.int64), "t_shape"),
+             nh.from_array(np.asarray([1, ROWS, WIDTH], np.int64), "table_shape"),
+             nh.from_array(np.asarray([0], np.int64), "zero1"), nh.from_array(np.asarray([1], np.int64), "one1"),
+             nh.from_array(np.asarray(100, np.int64), "max_steps"), nh.from_array(np.asarray(True), "go"),
+             nh.from_array(np.zeros((1, WIDTH), np.float32), "state0"), nh.from_array(np.zeros(1, np.int64), "count0")]
+    graph = h.make_graph(nodes, "counted", [f32("x", [1, WIDTH])], [f32("state_f", [1, WIDTH])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], producer_name="edgepack-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return model

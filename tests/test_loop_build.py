@@ -1,0 +1,82 @@
+"""Loops that decide on data, built and run for real (edgepack/loops.py, runtimes/common/ep_engine_loop.c):
+real pnnx/ncnn, TVM, zig; onnxruntime as the reference on inputs that decode to different lengths."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+
+from clirun import run_edgepack
+from edgepack.runner import run_artifact
+from loop_models import ROWS, WIDTH, counted_model, decoder_model, inputs_with_lengths
+from prepost_fixtures import Server
+
+
+def _session(path) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _build(tmp_path, model_path):
+    # fp32: these tests check the loop's mechanics to 1e-4 (twelve fp16 steps would drift ~0.5%)
+    proc = run_edgepack("build", model_path, "--target", "x86_64", "--verify-on", "native", "--fp32", "--out",
+                        tmp_path / "dist", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp_path / "dist" / f"{model_path.stem}-x86_64"
+
+
+def test_decoder_loop_answers_every_length_as_onnxruntime(tmp_path):
+    path = tmp_path / "decoder.onnx"
+    decoder_model(path)
+    artifact = _build(tmp_path, path)
+    manifest = json.loads((artifact.parent / (artifact.name + ".json")).read_text())
+    assert [s["backend"] for s in manifest["backend"]["segments"]].count("loop") == 1, manifest["backend"]
+    probs = next(o for o in manifest["outputs"] if o["name"] == "probs")
+    assert probs["shape"] == [1, ROWS, WIDTH] and probs["cut_to_length"]["axis"] == 1
+    reference = _session(path)
+    lengths = set()
+    picked = {n: x for x, n in inputs_with_lengths(path, 40)}                      # one input per decode length
+    for k, (n, x) in enumerate(sorted(picked.items())):
+        np.save(tmp_path / f"x{k}.npy", x)
+        run = run_edgepack("run", str(artifact), "--input", f"x={tmp_path / f'x{k}.npy'}", "--output", tmp_path / f"o{k}")
+        assert run.returncode == 0, run.stderr
+        got = np.load(tmp_path / f"o{k}" / "probs.npy")
+        want_probs, want_state = reference.run(["probs", "state_f"], {"x": x})
+        assert got.shape == (1, n, WIDTH) == want_probs.shape
+        np.testing.assert_allclose(got, want_probs, atol=1e-4)
+        np.testing.assert_allclose(np.load(tmp_path / f"o{k}" / "state_f.npy"), want_state, atol=1e-4)
+        lengths.add(n)
+    assert len(lengths) >= 4 and ROWS in lengths, lengths   # the buffer's end and early stops
+    st = run_artifact(artifact, ["selftest"])
+    assert st.returncode == 0 and st.stdout.startswith("PASS"), st.stdout + st.stderr
+    # the server answers at the decoded length too, request after request (the cut is undone before each run)
+    server = Server(artifact)
+    try:
+        for n, x in sorted(picked.items())[:3]:
+            status, ans = server.json("POST", "/predict", json.dumps({"x": x.tolist()}).encode(), "application/json")
+            assert status == 200, ans
+            assert ans["outputs"]["probs"]["shape"] == [1, n, WIDTH], ans["outputs"]["probs"]["shape"]
+    finally:
+        server.close()
+
+
+def test_a_step_outside_the_compiled_lengths_is_an_error_not_another_answer(tmp_path):
+    path = tmp_path / "counted.onnx"
+    counted_model(path)
+    artifact = _build(tmp_path, path)
+    reference = _session(path)
+    x = np.full((1, WIDTH), 0.3, np.float32)
+    for x0, fits in ((3.2, True), (11.5, True), (20.0, False)):  # steps: 4, 12, 21 (the table has 12 rows)
+        x[0, 0] = x0
+        np.save(tmp_path / "x.npy", x)
+        out = tmp_path / f"o{x0}"
+        run = run_edgepack("run", str(artifact), "--input", f"x={tmp_path / 'x.npy'}", "--output", out)
+        if fits:
+            assert run.returncode == 0, run.stderr
+            np.testing.assert_allclose(np.load(out / "state_f.npy"), reference.run(None, {"x": x})[0], atol=1e-4)
+        else:
+            assert run.returncode == 4, (run.returncode, run.stderr)
+            assert "loop step 12" in run.stderr and "fixed length" in run.stderr, run.stderr
+            assert not (out / "state_f.npy").exists()

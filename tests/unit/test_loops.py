@@ -1,0 +1,177 @@
+"""Loops stepped by the runtime (edgepack/loops.py, loop_lengths.py): the plan, the body and its wiring,
+checked by stepping the extracted body with onnxruntime exactly as runtimes/common/ep_engine_loop.c
+does and comparing with onnxruntime's own Loop; outputs cut to the computed length."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import loop_models  # noqa: E402
+
+from edgepack import loops  # noqa: E402
+from edgepack.loop_lengths import GUARD  # noqa: E402
+from edgepack.partition_build import plan_for  # noqa: E402
+from edgepack.pipeline import BuildOptions, prepare  # noqa: E402
+from edgepack.reference import run_onnxruntime  # noqa: E402
+from edgepack.targets import load_target_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _step_loop(body: loops.LoopBody, seg_inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """ep_engine_loop.c's loop_run in numpy: sources, step and condition, swaps, guard, results."""
+    sess = _session(body.model.proto)
+    opts, blobs = body.options()
+    specs = body.model.inputs
+
+    def value(code: str, spec) -> np.ndarray | None:
+        if code == "none":
+            return None
+        raw = seg_inputs[int(code[1:])] if code[0] == "i" else blobs[int(code[1:])]
+        return np.asarray(raw).astype(spec.dtype).reshape(spec.shape)
+
+    m = value(opts["loop.max"], specs[0])
+    cond = value(opts["loop.cond"], specs[1])
+    steps = int(m.reshape(-1)[0]) if m is not None else 1 << 20
+    going = bool(cond.reshape(-1)[0]) if cond is not None else True
+    state = {}
+    for j in range(2, len(specs)):
+        v = value(opts[f"loop.in.{j}"], specs[j])
+        state[j] = v if v is not None else np.zeros(specs[j].shape, specs[j].dtype)
+    guard = int(opts["loop.guard"]) if "loop.guard" in opts else None
+    step = 0
+    while step < steps and going:
+        feed = {specs[0].name: np.full(specs[0].shape, step, np.int64), specs[1].name: np.full(specs[1].shape, going)}
+        feed.update({specs[j].name: state[j] for j in state})
+        outs = sess.run(None, feed)
+        if guard is not None:
+            assert bool(outs[guard].reshape(-1)[0]), f"the fixed-length check failed at step {step}"
+        going = bool(outs[0].reshape(-1)[0])
+        for j in state:
+            if f"loop.next.{j}" in opts:
+                state[j] = outs[int(opts[f"loop.next.{j}"])].reshape(specs[j].shape)
+        step += 1
+    return [state[int(opts[f"loop.out.{r}"])] for r in range(len([k for k in opts if k.startswith("loop.out.")]))]
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("loop") / "decoder.onnx"
+    loop_models.decoder_model(path)
+    return path, prepare(path, BuildOptions())
+
+
+def test_outputs_cut_to_the_computed_length_as_onnxruntime_gives_them(decoder):
+    path, prep = decoder
+    probs = next(o for o in prep.model.outputs if o.name == "probs")
+    assert probs.shape == (1, loop_models.ROWS, loop_models.WIDTH) and probs.trim[0] == 1
+    reference = _session(onnx.load(str(path)))
+    for x, n in loop_models.inputs_with_lengths(path, 12):
+        got = run_onnxruntime(prep.model, {"x": x})
+        want = reference.run(None, {"x": x})
+        assert got["probs"].shape == (1, n, loop_models.WIDTH) and set(got) == {"probs", "state_f"}
+        np.testing.assert_allclose(got["probs"], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_body_stepped_as_the_runtime_does_equals_onnxruntimes_loop(decoder):
+    """Plan -> body -> wiring -> stepping, then the segments after the loop: onnxruntime's answers on
+    inputs that decode to different lengths (1 to the buffer's 12 rows)."""
+    path, prep = decoder
+    plan = plan_for(prep.model, load_target_file(ROOT / "targets" / "x86_64.toml"))
+    assert plan is not None and "loop" in plan.backends, plan
+    reference = _session(onnx.load(str(path)))
+    lengths = set()
+    for x, n in loop_models.inputs_with_lengths(path, 16):
+        slots = {"x": x}
+        for k, seg in enumerate(plan.segments):
+            sub = seg.loaded(prep.model, k)
+            ins = [slots[s.name] for s in sub.inputs]
+            if seg.backend == "loop":
+                body = loops.extract_body(sub)
+                outs = _step_loop(body, ins)
+            else:
+                outs = _session(sub.proto).run(None, dict(zip([s.name for s in sub.inputs], ins)))
+            slots.update({s.name: np.asarray(v).reshape(s.shape) for s, v in zip(sub.outputs, outs)})
+        got = loops.apply_trims(prep.model.proto, {o.name: slots[o.name] for o in prep.model.proto.graph.output})
+        want = reference.run(None, {"x": x})
+        np.testing.assert_allclose(got["probs"], want[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["state_f"], want[1], rtol=1e-5, atol=1e-6)
+        lengths.add(n)
+    assert len(lengths) >= 3, lengths
+
+
+def test_wiring_folds_constant_weights_and_reads_the_encoder_every_step(decoder):
+    _, prep = decoder
+    plan = plan_for(prep.model, load_target_file(ROOT / "targets" / "x86_64.toml"))
+    k = plan.backends.index("loop")
+    body = loops.extract_body(plan.segments[k].loaded(prep.model, k))
+    opts, blobs = body.options()
+    names = [s.name for s in body.model.inputs]
+    assert "w_rec" not in names                       # a constant invariant: a weight of the body
+    enc = names.index("enc")
+    assert opts[f"loop.in.{enc}"] == "i0" and f"loop.next.{enc}" not in opts  # read from its slot, not copied
+    out = names.index("out")
+    assert opts[f"loop.in.{out}"] == "none"           # write-only, started as a scalar: no first value
+    assert body.model.inputs[out].shape == (1, loop_models.ROWS, loop_models.WIDTH)
+    assert body.model.outputs[int(opts["loop.guard"])].name == GUARD
+    assert all(s.is_static or s.shape == () for s in body.model.inputs + body.model.outputs)
+    assert {n.op_type for n in body.model.proto.graph.node}.isdisjoint({"Range", "Slice", "Shape"})
+
+
+def test_the_fixed_length_check_fails_past_the_buffer(decoder):
+    """Row 12 of a 12-row buffer: onnxruntime's Slice would give no rows; the compiled body must say so."""
+    _, prep = decoder
+    plan = plan_for(prep.model, load_target_file(ROOT / "targets" / "x86_64.toml"))
+    k = plan.backends.index("loop")
+    body = loops.extract_body(plan.segments[k].loaded(prep.model, k))
+    # as TVM compiles it: computed indices kept inside their tensors (index_bounds.py), so the step runs
+    from edgepack.backends.tvm.index_bounds import bounded
+    sess = _session(bounded(body.model.proto)[0])
+    guard = int(body.options()[0]["loop.guard"])
+    feed = {s.name: np.zeros(s.shape, s.dtype) for s in body.model.inputs}
+    for count, ok in ((0, True), (11, True), (12, False), (40, False)):
+        feed["count"] = np.full(feed["count"].shape, count, np.int64)
+        assert bool(sess.run(None, feed)[guard].reshape(-1)[0]) is ok, count
+
+
+def _loop_model(body: onnx.GraphProto, n_out: int, extra_inits=()) -> onnx.ModelProto:
+    g = h.make_graph([h.make_node("Relu", ["x"], ["r"]),
+                      h.make_node("Loop", ["m", "", "r"], [f"o{i}" for i in range(n_out)], body=body)],
+                     "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+                     [h.make_tensor_value_info(f"o{i}", T.FLOAT, None) for i in range(n_out)],
+                     [onnx.numpy_helper.from_array(np.asarray(3, np.int64), "m"), *extra_inits])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_loops_the_runtime_cannot_step_are_refused_by_name():
+    io = [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []),
+          h.make_tensor_value_info("v", T.FLOAT, [1, 4])]
+    scan = h.make_graph([h.make_node("Identity", ["c"], ["c2"]), h.make_node("Neg", ["v"], ["v2"]),
+                         h.make_node("Identity", ["v2"], ["s"])], "b", io,
+                        [h.make_tensor_value_info(n, t, None) for n, t in (("c2", T.BOOL), ("v2", T.FLOAT), ("s", T.FLOAT))])
+    m = _loop_model(scan, 2)
+    assert "scan outputs" in loops.unsupported_reason(m.graph.node[1], set())
+    assert not loops.loops_supported(m)
+    outer = h.make_graph([h.make_node("Identity", ["c"], ["c2"]), h.make_node("Add", ["v", "r"], ["v2"])], "b", io,
+                         [h.make_tensor_value_info("c2", T.BOOL, None), h.make_tensor_value_info("v2", T.FLOAT, None)])
+    m = _loop_model(outer, 1)
+    assert "reads 'r' from outside" in loops.unsupported_reason(m.graph.node[1], set())
+    # a constant read from outside is fine: it becomes a weight of the body
+    const = h.make_graph([h.make_node("Identity", ["c"], ["c2"]), h.make_node("Add", ["v", "k"], ["v2"])], "b", io,
+                         [h.make_tensor_value_info("c2", T.BOOL, None), h.make_tensor_value_info("v2", T.FLOAT, None)])
+    m = _loop_model(const, 1, [onnx.numpy_helper.from_array(np.ones((1, 4), np.float32), "k")])
+    assert loops.unsupported_reason(m.graph.node[1], {"k"}) is None
