@@ -15,13 +15,10 @@ than constants, no loop inside the body, and carried values of one size at every
 static shapes: a loop that grows a tensor by concatenation has none). The rest stays refused by name.
 
 The data-dependent length of the decoder's outputs (a Slice up to the step count, after the loop) is
-``trim_outputs``'s: the artifact computes the output at its largest length and the runtime cuts it to
-the length the model computed (runtimes/common/ep_engine_seq.c), so `run`, `serve` and the selftest
-give exactly onnxruntime's shape.
+cut_outputs.py's; fixed-length slices of a computed start inside the body are loop_lengths.py's.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,14 +26,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .model import LoadedModel, TensorSpec, _value_specs
+from .model import LoadedModel, _value_specs
 
-TRIM_KEY = "edgepack.trim"  # model metadata: the outputs whose length the model decides (trim_outputs)
-# ops that act on each position of the trimmed axis alone: trimming before or after them is the same
-_ELEMENTWISE = frozenset({"Identity", "Cast", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Abs", "Neg", "Sqrt",
-                          "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Erf", "HardSigmoid", "HardSwish",
-                          "LeakyRelu", "Elu", "Selu", "Softplus", "Softsign", "Clip", "Not"})
-_ALONG_AXIS = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
 
 
 # ---- what qualifies ----------------------------------------------------------------------------------
@@ -84,10 +75,17 @@ def unsupported_reason(node: onnx.NodeProto, outer_constants: set[str]) -> str |
 
 def loops_supported(model: onnx.ModelProto) -> bool:
     """Every Loop of the main graph qualifies (and there is one)."""
+    return any(n.op_type == "Loop" for n in model.graph.node) and loop_refusal(model) is None
+
+
+def loop_refusal(model: onnx.ModelProto) -> str | None:
+    """Why the runtime cannot step the first Loop it cannot (naming the node), or None."""
     from .onnx_index import constants
     consts = set(constants(model))
-    loops = [n for n in model.graph.node if n.op_type == "Loop"]
-    return bool(loops) and all(unsupported_reason(n, consts) is None for n in loops)
+    for n in model.graph.node:
+        if n.op_type == "Loop" and (why := unsupported_reason(n, consts)):
+            return f"Loop {n.name or n.output[0]!r}: {why}"
+    return None
 
 
 # ---- the body as a model --------------------------------------------------------------------------------
@@ -141,7 +139,7 @@ def _shape_of(info: onnx.ValueInfoProto) -> tuple | None:
     return tuple(int(d.dim_value) for d in dims)
 
 
-def _set_shape(info: onnx.ValueInfoProto, shape: tuple) -> None:
+def set_static_shape(info: onnx.ValueInfoProto, shape: tuple) -> None:
     t = info.type.tensor_type
     t.ClearField("shape")
     t.shape.SetInParent()
@@ -155,6 +153,21 @@ class _Body:
     kept: tuple[int, ...]        # carried indices that are body inputs (the others became its weights)
     varying: tuple[int, ...]     # carried indices the body changes (its outputs from the second on)
     unread: frozenset            # carried indices whose body input nothing reads (only the last value counts)
+
+
+def _static_shapes(model: onnx.ModelProto, consts: dict):
+    """name -> its static shape (a constant's, or the inferred one); ValueError where there is none."""
+    from .onnx_index import tensor_infos
+    infos = tensor_infos(model)
+
+    def shape(name: str) -> tuple:
+        if name in consts:
+            return tuple(consts[name].shape)
+        info = infos.get(name)
+        if info is None or info.static is None:
+            raise ValueError(f"the loop's input {name!r} has no static shape")
+        return info.static
+    return shape
 
 
 def _guaranteed_step(loop: onnx.NodeProto, consts: dict) -> bool:
@@ -196,9 +209,9 @@ def _body(loop: onnx.NodeProto, outer: onnx.ModelProto, consts: dict, outer_shap
     iteration.CopyFrom(body_in.input[0])
     condition.CopyFrom(body_in.input[1])
     # ONNX lets a body declare them as scalars or one-element vectors; onnxruntime feeds the declared rank
-    _set_shape(iteration, (1,) * min(1, len(iteration.type.tensor_type.shape.dim)))
+    set_static_shape(iteration, (1,) * min(1, len(iteration.type.tensor_type.shape.dim)))
     iteration.type.tensor_type.elem_type = onnx.TensorProto.INT64
-    _set_shape(condition, (1,) * min(1, len(condition.type.tensor_type.shape.dim)))
+    set_static_shape(condition, (1,) * min(1, len(condition.type.tensor_type.shape.dim)))
     condition.type.tensor_type.elem_type = onnx.TensorProto.BOOL
     bg.input.extend([iteration, condition])
     kept = []
@@ -208,7 +221,7 @@ def _body(loop: onnx.NodeProto, outer: onnx.ModelProto, consts: dict, outer_shap
             continue
         v = onnx.ValueInfoProto()
         v.CopyFrom(info)
-        _set_shape(v, outer_shape(loop_in[2 + c]))
+        set_static_shape(v, outer_shape(loop_in[2 + c]))
         bg.input.append(v)
         kept.append(c)
     varying = [c for c in kept if not invariant[c]]
@@ -222,19 +235,11 @@ def _body(loop: onnx.NodeProto, outer: onnx.ModelProto, consts: dict, outer_shap
 def extract_body(segment: LoadedModel) -> LoopBody:
     """The one Loop node of ``segment`` (a loop segment cut out by the plan) as a body model with static
     shapes, and the wiring of its values. Raises ValueError when the body does not qualify."""
-    from .onnx_index import constants, tensor_infos
+    from .onnx_index import constants
     loop = next(n for n in segment.proto.graph.node if n.op_type == "Loop")
     consts = constants(segment.proto)
-    infos = tensor_infos(segment.proto)
+    outer_shape = _static_shapes(segment.proto, consts)
     seg_inputs = [s.name for s in segment.inputs]
-
-    def outer_shape(name: str) -> tuple:
-        if name in consts:
-            return tuple(consts[name].shape)
-        info = infos.get(name)
-        if info is None or info.static is None:
-            raise ValueError(f"the loop's input {name!r} has no static shape")
-        return info.static
 
     def source(name: str) -> Source | None:
         if not name:
@@ -276,7 +281,7 @@ def _static_body(body: LoadedModel, varying: list[int], carried: list, unread: f
         shape = _shape_of(proto.graph.output[1 + k])
         want = _shape_of(ins[carried[c].name])
         if shape is not None and c in unread and guaranteed:
-            _set_shape(ins[carried[c].name], shape)
+            set_static_shape(ins[carried[c].name], shape)
             continue
         if shape is None or want is None or int(np.prod(shape)) != int(np.prod(want)):
             raise ValueError(f"the loop's carried value {carried[c].name!r} changes size from step to step "
@@ -289,32 +294,127 @@ def _static_body(body: LoadedModel, varying: list[int], carried: list, unread: f
     return replace(model, inputs=_value_specs(proto.graph.input, inits), outputs=_value_specs(proto.graph.output, set()))
 
 
+_NOT_HOISTED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                          "Bernoulli", "Dropout"})
+
+
+def hoist_invariants(model: LoadedModel) -> LoadedModel:
+    """Each qualifying Loop with the body's nodes that read only values the same at every step (the
+    invariants, constants, and what such nodes compute) moved in front of the loop and computed once;
+    their results enter the body as new invariants. SLANet-plus's attention projects the encoder's
+    features at every step ([256, 96] x [96, 256], 0.84 of the body's ~1 ms); once is enough. Nodes with
+    subgraphs or randomness stay."""
+    from .onnx_index import constants
+    proto = model.proto
+    if not loops_supported(proto):
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    moved = 0
+    for k, loop in enumerate([n for n in m.graph.node if n.op_type == "Loop"]):
+        moved += _hoist(m, loop, constants(m), f"{loop.name or f'loop{k}'}/hoisted/")
+    if not moved:
+        return model
+    return LoadedModel(model.path, onnx.shape_inference.infer_shapes(m, strict_mode=False), model.inputs,
+                       model.outputs, model.opset,
+                       model.notes + (f"loop bodies: {moved} node(s) that give the same value at every step "
+                                      "computed once, before the loop",))
+
+
+def _hoist(m: onnx.ModelProto, loop: onnx.NodeProto, outer_consts: dict, prefix: str) -> int:
+    from .onnx_index import constants
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    n_carried = len(body.input) - 2
+    loop_in = list(loop.input) + [""] * (2 + n_carried - len(loop.input))
+    outer_name = {body.input[2 + c].name: loop_in[2 + c] for c in range(n_carried)
+                  if body.output[1 + c].name == body.input[2 + c].name and loop_in[2 + c]}
+    computed = {b for b, o in outer_name.items() if o not in outer_consts}  # not a constant passed through
+    body_consts = constants(onnx.helper.make_model(body))
+    hoisted, made = [], {}
+    for n in body.node:
+        if n.op_type == "Constant" or n.op_type in _NOT_HOISTED or \
+                any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
+            continue
+        # on a computed invariant (a node of constants only is folded in the body anyway)
+        if all(not x or x in outer_name or x in body_consts or x in made for x in n.input) and \
+                any(x in computed or x in made for x in n.input):
+            hoisted.append(n)
+            made.update({o: f"{prefix}{o}" for o in n.output if o})
+    if not hoisted:
+        return 0
+    # only what the remaining body reads needs to enter it; the other hoisted values only feed those
+    kept = [n for n in body.node if n not in hoisted]
+    read = {x for n in kept for x in n.input} | {o.name for o in body.output} | _outer_reads_of(kept)
+    needed = [o for o in made if o in read]
+    outer_nodes = []
+    for n in hoisted:
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        c.name = f"{prefix}{n.name or n.output[0]}"
+        for i, x in enumerate(c.input):
+            if x in made:
+                c.input[i] = made[x]
+            elif x in outer_name:
+                c.input[i] = outer_name[x]
+            elif x:
+                c.input[i] = f"{prefix}{x}"
+                if c.input[i] not in {t.name for t in m.graph.initializer}:
+                    m.graph.initializer.append(numpy_helper.from_array(np.asarray(body_consts[x]), c.input[i]))
+        for i, o in enumerate(c.output):
+            if o:
+                c.output[i] = made[o]
+        outer_nodes.append(c)
+    at = list(m.graph.node).index(loop)
+    nodes = list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes[:at] + outer_nodes + nodes[at:])
+    types = {v.name: v for v in onnx.shape_inference.infer_shapes(m, strict_mode=False).graph.value_info}
+    if any(made[name] not in types for name in needed):  # a body input needs its type: leave this loop be
+        del m.graph.node[:]
+        m.graph.node.extend(nodes)
+        return 0
+    # extend() copied the nodes in: the Loop and its body are the graph's new copies now
+    loop = m.graph.node[at + len(outer_nodes)]
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    keep = [n for n in body.node if n.output[0] not in made]
+    del body.node[:]
+    body.node.extend(keep)
+    for name in needed:
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(types[made[name]])
+        info.name = name
+        body.input.append(info)
+        body.output.append(info)
+        loop.input.append(made[name])
+        loop.output.append(f"{made[name]}/unused")
+    return len(hoisted)
+
+
+def _outer_reads_of(nodes) -> set[str]:
+    reads: set[str] = set()
+    for n in nodes:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                reads |= _outer_reads(a.g)
+    return reads
+
+
 def static_loops(model: LoadedModel) -> LoadedModel:
     """The model with each qualifying Loop's outputs at the static shapes its body gives them: a carried
     value the body never reads starts from zeros of its final shape (Paddle's exporter starts them as
     scalars), and the outer graph's shapes are inferred again from the body's. Unchanged when a Loop
     does not qualify (the backends then refuse it by name)."""
-    from .onnx_index import constants, tensor_infos
+    from .onnx_index import constants
     proto = model.proto
-    loops = [n for n in proto.graph.node if n.op_type == "Loop"]
-    if not loops or not loops_supported(proto):
+    if not loops_supported(proto):
         return model
     m = onnx.ModelProto()
     m.CopyFrom(proto)
     loop_shapes: dict[str, tuple] = {}
     for loop in [n for n in m.graph.node if n.op_type == "Loop"]:
         consts = constants(m)
-        infos = tensor_infos(m)
-
-        def outer_shape(name: str) -> tuple:
-            if name in consts:
-                return tuple(consts[name].shape)
-            info = infos.get(name)
-            if info is None or info.static is None:
-                raise ValueError(f"the loop's input {name!r} has no static shape")
-            return info.static
         try:
-            b = _body(loop, m, consts, outer_shape, set(loop.output), model.path, model.opset)
+            b = _body(loop, m, consts, _static_shapes(m, consts), set(loop.output), model.path, model.opset)
         except ValueError:
             return model
         body_graph = next(a.g for a in loop.attribute if a.name == "body")
@@ -329,7 +429,7 @@ def static_loops(model: LoadedModel) -> LoadedModel:
         # the body's declared shapes, and the loop's outputs at them (onnx's inference leaves those unknown)
         for v in list(body_graph.input[2:]) + list(body_graph.output[1:]):
             if v.name in shapes:
-                _set_shape(v, shapes[v.name])
+                set_static_shape(v, shapes[v.name])
         for c, out in enumerate(loop.output[:len(body_graph.input) - 2]):
             src = body_graph.output[1 + c]
             shape = shapes.get(src.name, shapes.get(body_graph.input[2 + c].name))
@@ -345,139 +445,3 @@ def static_loops(model: LoadedModel) -> LoadedModel:
 
 def _np_dtype(info: onnx.ValueInfoProto):
     return onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
-
-
-# ---- outputs whose length the model decides ---------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Trim:
-    output: str     # model output
-    axis: int       # the axis cut
-    length: str     # the tensor holding the length (Slice's end), an extra graph output
-
-    def to_json(self) -> dict:
-        return {"output": self.output, "axis": self.axis, "length": self.length}
-
-
-def trims_of(proto: onnx.ModelProto) -> list[Trim]:
-    for p in proto.metadata_props:
-        if p.key == TRIM_KEY:
-            return [Trim(**t) for t in json.loads(p.value)]
-    return []
-
-
-def _const_ints(name: str, consts: dict) -> list[int] | None:
-    if name not in consts:
-        return None
-    return [int(v) for v in np.asarray(consts[name]).reshape(-1)]
-
-
-def trim_outputs(model: LoadedModel) -> LoadedModel:
-    """Each output that is a Slice from 0 up to a computed end along one axis (then only ops that treat
-    each position of that axis alone) is computed whole; the end becomes an extra graph output and the
-    output's spec records the cut (TensorSpec.trim). Only for models with a Loop: elsewhere a computed
-    end is a fixed one once the input shapes are (onnxsim folds it)."""
-    from .onnx_index import constants, tensor_infos
-    proto = model.proto
-    if not any(n.op_type == "Loop" for n in proto.graph.node):
-        return model
-    consts = constants(proto)
-    producer = {o: n for n in proto.graph.node for o in n.output}
-    readers: dict[str, int] = {}
-    for n in proto.graph.node:
-        for x in n.input:
-            readers[x] = readers.get(x, 0) + 1
-    found: list[tuple[str, onnx.NodeProto, int]] = []
-    for out in model.outputs:
-        name, node = out.name, producer.get(out.name)
-        ok = True
-        while node is not None and node.op_type != "Slice":
-            if node.op_type in _ELEMENTWISE or node.op_type in _ALONG_AXIS:
-                node = producer.get(node.input[0])
-            else:
-                ok = False
-                break
-        if not ok or node is None or len(node.input) < 4:
-            continue
-        starts, axes = _const_ints(node.input[1], consts), _const_ints(node.input[3], consts)
-        steps = _const_ints(node.input[4], consts) if len(node.input) > 4 and node.input[4] else [1]
-        if starts != [0] or axes is None or len(axes) != 1 or steps != [1] or node.input[2] in consts:
-            continue
-        found.append((name, node, axes[0]))
-    if not found:
-        return model
-    m = onnx.ModelProto()
-    m.CopyFrom(proto)
-    infos = tensor_infos(m)
-    trims, specs = [], list(model.outputs)
-    for name, slice_node, axis in found:
-        data = slice_node.input[0]
-        full = infos.get(data)
-        if full is None or full.static is None:
-            continue
-        shape = full.static
-        rank = len(shape)
-        axis = axis + rank if axis < 0 else axis
-        if not 0 <= axis < rank or not _chain_keeps_axis(m, name, slice_node, axis, rank):
-            continue
-        sliced = slice_node.output[0]
-        if readers.get(sliced, 0) != 1 and sliced != name:
-            continue
-        # the chain reads the whole tensor; the Slice stays for nothing and onnx prunes it
-        for n in m.graph.node:
-            for i, x in enumerate(n.input):
-                if x == sliced:
-                    n.input[i] = data
-        if sliced == name:  # the Slice is the output itself: an Identity of the whole tensor instead
-            keep = [n for n in m.graph.node if n.output[0] != sliced]
-            del m.graph.node[:]
-            m.graph.node.extend(keep + [helper.make_node("Identity", [data], [name], name=f"{name}_untrimmed")])
-        length = slice_node.input[2]
-        if length not in {o.name for o in m.graph.output}:
-            m.graph.output.append(helper.make_tensor_value_info(length, onnx.TensorProto.INT64, None))
-        trims.append(Trim(name, axis, length))
-        k = next(i for i, s in enumerate(specs) if s.name == name)
-        specs[k] = TensorSpec(name, shape, specs[k].dtype, trim=(axis, length))
-        for o in m.graph.output:
-            if o.name == name:
-                _set_shape(o, shape)
-    if not trims:
-        return model
-    from .onnx_index import remove_dead_nodes
-    remove_dead_nodes(m)
-    m.metadata_props.add(key=TRIM_KEY, value=json.dumps([t.to_json() for t in trims]))
-    note = "outputs cut to a computed length at run time: " + ", ".join(
-        f"{t.output} (axis {t.axis} up to {t.length})" for t in trims)
-    return LoadedModel(model.path, m, model.inputs, tuple(specs), model.opset, model.notes + (note,))
-
-
-def _chain_keeps_axis(m: onnx.ModelProto, output: str, slice_node: onnx.NodeProto, axis: int, rank: int) -> bool:
-    """The ops from the Slice to the output treat each position of ``axis`` alone."""
-    producer = {o: n for n in m.graph.node for o in n.output}
-    node = producer.get(output)
-    while node is not None and node is not slice_node and node.output[0] != slice_node.output[0]:
-        if node.op_type in _ALONG_AXIS:
-            a = next((int(x.i) for x in node.attribute if x.name == "axis"), -1)
-            if (a + rank if a < 0 else a) == axis:
-                return False
-        node = producer.get(node.input[0])
-    return True
-
-
-def apply_trims(proto: onnx.ModelProto, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """onnxruntime's answer for a trimmed model as the original model gives it: each cut output at its
-    length, the lengths themselves dropped (the artifact's runtime does the same)."""
-    trims = trims_of(proto)
-    if not trims:
-        return outputs
-    out = dict(outputs)
-    for t in trims:
-        arr = out[t.output]
-        n = arr.shape[t.axis]
-        end = int(np.asarray(outputs[t.length]).reshape(-1)[0])
-        end = min(max(end + n if end < 0 else end, 0), n)
-        out[t.output] = arr[(slice(None),) * t.axis + (slice(0, end),)]
-    for t in trims:
-        if t.length not in {x.output for x in trims}:
-            out.pop(t.length, None)
-    return out

@@ -56,7 +56,8 @@ def plan_for(model, target: Target, force: dict[str, str] | None = None) -> Plan
         return None
     except Exception:  # noqa: BLE001  a graph the planner mis-handles keeps the whole-graph path, never an internal error
         return None
-    return p if p.is_split or _reads_or_writes_less(p.segments[0], model) else None
+    # a graph that is one Loop and nothing else is a plan too: the runtime steps it (loops.py)
+    return p if p.is_split or "loop" in p.backends or _reads_or_writes_less(p.segments[0], model) else None
 
 
 def _reads_or_writes_less(seg, model) -> bool:

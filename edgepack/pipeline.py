@@ -28,7 +28,8 @@ from .bundle import BundleRequest, Bundled, bundle
 from .cache import sha256_bytes, sha256_file
 from .control_flow import lower_if
 from .errors import ArtifactError, EdgepackError, InputError, ToolMissingError, UnsupportedOpError, VerificationError
-from .loops import static_loops, trim_outputs
+from .cut_outputs import trim_outputs
+from .loops import hoist_invariants, loop_refusal, static_loops
 from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_shapes, simplify
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
 from .quantized import lower_quantized
@@ -230,7 +231,7 @@ def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
         model = bake_prepost(model, path, opts.preprocess, opts.postprocess)
         check_input_sizes(model.inputs, model.path.name)
     # a decoder loop's outputs up to the step it stopped at: computed whole, cut at run time
-    model = trim_outputs(static_loops(model))
+    model = trim_outputs(static_loops(hoist_invariants(model)))
     # The selftest's golden input is a realistic one (a synthetic scene for image inputs): on
     # noise a detector answers ~0 and the selftest's bound would measure nothing.
     golden_in = realistic_inputs(model.inputs, GOLDEN_SEED, prepost_of(model.proto))
@@ -497,9 +498,10 @@ def _build_candidates(prep, target, opts, tc, log, candidates, reasons, rejected
     if last is None and op_refusals and len(op_refusals) == len(candidates) or isinstance(last, UnsupportedOpError):
         code, hint = UnsupportedOpError.exit_code, "see `edgepack inspect MODEL` for op support per backend"
         if any(f" cannot build op {op} " in r for r in op_refusals for op in _LOOPS):
-            hint = ("the model loops over data (an autoregressive decoder, say), which neither backend compiles: "
-                    "export the loop's body as its own model and step it from your code, or export with a "
-                    "fixed number of steps; " + hint)
+            why = loop_refusal(prep.model.proto) or "a Scan, which the runtime does not step"
+            hint = (f"the artifact steps a Loop itself only when its body has no scan outputs, reads no computed "
+                    f"value from outside and keeps its sizes; here {why}: export the loop's body as its own model "
+                    f"and step it from your code, or export with a fixed number of steps; " + hint)
     elif last is not None:
         code, hint = last.exit_code, last.hint
     else:

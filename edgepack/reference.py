@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ModelError, UnsupportedOpError
-from .loops import apply_trims
+from .cut_outputs import apply_trims
 from .model import LoadedModel, TensorSpec
 
 # Verification feeds every input at once; a declared 1x3x50000x50000 input must be refused

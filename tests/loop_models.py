@@ -2,7 +2,7 @@
 a trip count and a data-decided stop, a buffer whose row i is written at step i through
 ``Range(i, i + 1)`` + Tile + ScatterElements, the row read back through ``Slice(buf, i, min(N, i + 1))``,
 a write-only carried value that starts as a scalar, invariant weights and a computed invariant (the
-encoder's output), and after the loop a Slice of the buffer up to the step count (the output's length
+encoder's output, projected inside the body as SLANet-plus's attention does), and after the loop a Slice of the buffer up to the step count (the output's length
 is the model's answer)."""
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def decoder_model(path, rows_guard: bool = True, seed: int = 5) -> onnx.ModelPro
         h.make_node("Slice", ["buf", "count", "end", "axes1"], ["prev"]),          # row i (zeros until written)
         h.make_node("ReduceSum", ["prev", "axes1"], ["prev_sum"], keepdims=0),
         h.make_node("MatMul", ["state", "w_rec"], ["rec"]),
-        h.make_node("Add", ["rec", "enc"], ["pre0"]),
+        h.make_node("MatMul", ["enc", "w_rec"], ["enc_proj"]),                  # the same at every step: hoisted
+        h.make_node("Add", ["rec", "enc_proj"], ["pre0"]),
         h.make_node("Add", ["pre0", "prev_sum"], ["pre"]),
         h.make_node("Tanh", ["pre"], ["state_next"]),
         # row i of the buffer := the new state
@@ -160,5 +161,27 @@ def counted_model(path, seed: int = 6) -> onnx.ModelProto:
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], producer_name="edgepack-tests")
     model.ir_version = 8
     onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return model
+
+
+def doubling_model(path) -> onnx.ModelProto:
+    """A graph that is one Loop and nothing else: x doubled (or zeroed, by an If in the body, when its
+    sum is not positive) until its sum passes 100, at most 50 steps."""
+    t = lambda name, shape=(): h.make_tensor_value_info(name, T.FLOAT, list(shape))  # noqa: E731
+    branch = lambda name, op: h.make_graph([h.make_node(op, ["v_in", "v_in"], [name])], name, [],  # noqa: E731
+                                           [t(name, [4])])
+    body = h.make_graph(
+        [h.make_node("ReduceSum", ["v_in"], ["s"], keepdims=0), h.make_node("Greater", ["s", "zero"], ["pos"]),
+         h.make_node("If", ["pos"], ["v_out"], then_branch=branch("t", "Add"), else_branch=branch("e", "Sub")),
+         h.make_node("ReduceSum", ["v_out"], ["s2"], keepdims=0), h.make_node("Less", ["s2", "limit"], ["go"])],
+        "body", [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []), t("v_in", [4])],
+        [h.make_tensor_value_info("go", T.BOOL, []), t("v_out", [4])],
+        [h.make_tensor(n, T.FLOAT, [], [v]) for n, v in (("zero", 0.0), ("limit", 100.0))])
+    graph = h.make_graph(
+        [h.make_node("Loop", ["steps", "cond", "x"], ["y"], body=body)], "doubling", [t("x", [4])], [t("y", [4])],
+        [h.make_tensor("steps", T.INT64, [], [50]), h.make_tensor("cond", T.BOOL, [], [True])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 8
     onnx.save(model, str(path))
     return model

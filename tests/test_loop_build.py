@@ -9,7 +9,7 @@ import onnxruntime as ort
 
 from clirun import run_edgepack
 from edgepack.runner import run_artifact
-from loop_models import ROWS, WIDTH, counted_model, decoder_model, inputs_with_lengths
+from loop_models import ROWS, WIDTH, counted_model, decoder_model, doubling_model, inputs_with_lengths
 from prepost_fixtures import Server
 
 
@@ -80,3 +80,17 @@ def test_a_step_outside_the_compiled_lengths_is_an_error_not_another_answer(tmp_
             assert run.returncode == 4, (run.returncode, run.stderr)
             assert "loop step 12" in run.stderr and "fixed length" in run.stderr, run.stderr
             assert not (out / "state_f.npy").exists()
+
+
+def test_a_graph_that_is_one_loop_builds(tmp_path):
+    """Nothing before or after the Loop, an If in its body (computed as Where there)."""
+    path = tmp_path / "doubling.onnx"
+    doubling_model(path)
+    artifact = _build(tmp_path, path)
+    reference = _session(path)
+    for k, x in enumerate(([1, 2, 3, 4], [0.01, 0, 0, 0], [-1, -2, 0.5, 0], [30, 30, 30, 30])):
+        x = np.asarray(x, np.float32)
+        np.save(tmp_path / f"x{k}.npy", x)
+        run = run_edgepack("run", str(artifact), "--input", f"x={tmp_path / f'x{k}.npy'}", "--output", tmp_path / f"o{k}")
+        assert run.returncode == 0, run.stderr
+        np.testing.assert_allclose(np.load(tmp_path / f"o{k}" / "y.npy"), reference.run(None, {"x": x})[0], rtol=1e-6)

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import loop_models  # noqa: E402
 
 from edgepack import loops  # noqa: E402
+from edgepack.cut_outputs import apply_trims  # noqa: E402
 from edgepack.loop_lengths import GUARD  # noqa: E402
 from edgepack.partition_build import plan_for  # noqa: E402
 from edgepack.pipeline import BuildOptions, prepare  # noqa: E402
@@ -106,7 +107,7 @@ def test_body_stepped_as_the_runtime_does_equals_onnxruntimes_loop(decoder):
             else:
                 outs = _session(sub.proto).run(None, dict(zip([s.name for s in sub.inputs], ins)))
             slots.update({s.name: np.asarray(v).reshape(s.shape) for s, v in zip(sub.outputs, outs)})
-        got = loops.apply_trims(prep.model.proto, {o.name: slots[o.name] for o in prep.model.proto.graph.output})
+        got = apply_trims(prep.model.proto, {o.name: slots[o.name] for o in prep.model.proto.graph.output})
         want = reference.run(None, {"x": x})
         np.testing.assert_allclose(got["probs"], want[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got["state_f"], want[1], rtol=1e-5, atol=1e-6)
@@ -130,6 +131,10 @@ def test_wiring_folds_constant_weights_and_reads_the_encoder_every_step(decoder)
     assert body.model.outputs[int(opts["loop.guard"])].name == GUARD
     assert all(s.is_static or s.shape == () for s in body.model.inputs + body.model.outputs)
     assert {n.op_type for n in body.model.proto.graph.node}.isdisjoint({"Range", "Slice", "Shape"})
+    # enc @ w_rec is the same at every step: computed once before the loop, read as an invariant
+    assert sum(n.op_type in ("MatMul", "Gemm") for n in body.model.proto.graph.node) == 1  # state @ w_rec only
+    hoisted = next(s.name for s in body.model.inputs if s.name.endswith("enc_proj"))
+    assert f"loop.next.{names.index(hoisted)}" not in opts
 
 
 def test_the_fixed_length_check_fails_past_the_buffer(decoder):
