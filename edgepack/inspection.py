@@ -10,6 +10,8 @@ from .errors import ArtifactError
 
 from .backends import all_backends
 from .model import fix_input_shapes, load_model, parse_shape_args
+from .cut_outputs import trim_outputs
+from .loops import hoist_invariants, loops_supported, static_loops
 from .pipeline import lowered_for_backends
 from .targets import TargetMatrix
 
@@ -37,6 +39,7 @@ def inspect_artifact_manifest(path: Path) -> dict:
 def inspect_model(path: Path, shape_args: list[str]) -> dict:
     model = load_model(Path(path))
     model = lowered_for_backends(fix_input_shapes(model, parse_shape_args(shape_args)))  # as a build prepares it
+    model = trim_outputs(static_loops(hoist_invariants(model)))
     backends = all_backends()
     unsupported = {name: b.unsupported_ops(model) for name, b in backends.items()}
     ops = [{"op": op, "count": len(nodes),
@@ -46,10 +49,12 @@ def inspect_model(path: Path, shape_args: list[str]) -> dict:
     from .partition import PlanError, plan
     split = None
     preds = {b: (lambda bad: (lambda op: op not in bad))(set(unsupported[b])) for b in ("ncnn", "tvm") if b in backends}
-    if len(preds) == 2 and unsupported["ncnn"]:
+    if len(preds) == 2 and loops_supported(model.proto):  # each Loop a segment the runtime steps
+        preds["loop"] = lambda op: op == "Loop"
+    if len(preds) >= 2 and unsupported["ncnn"]:
         try:
-            p = plan(model, preds)
-            split = p if p.is_split else None
+            p = plan(model, preds, tuple(preds))
+            split = p if p.is_split or "loop" in p.backends else None
         except PlanError:
             split = None
     verdicts = {}

@@ -180,3 +180,12 @@ def test_loops_the_runtime_cannot_step_are_refused_by_name():
                          [h.make_tensor_value_info("c2", T.BOOL, None), h.make_tensor_value_info("v2", T.FLOAT, None)])
     m = _loop_model(const, 1, [onnx.numpy_helper.from_array(np.ones((1, 4), np.float32), "k")])
     assert loops.unsupported_reason(m.graph.node[1], {"k"}) is None
+
+
+def test_inspect_shows_the_loop_segment(decoder):
+    from edgepack.inspection import inspect_model
+    path, _ = decoder
+    report = inspect_model(path, [])
+    assert "-> loop[Loop] ->" in report["targets"]["x86_64"], report["targets"]
+    probs = next(o for o in report["outputs"] if o["name"] == "probs")
+    assert probs["cut_to_length"]["axis"] == 1
