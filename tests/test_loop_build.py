@@ -49,6 +49,16 @@ def test_decoder_loop_answers_every_length_as_onnxruntime(tmp_path):
         np.testing.assert_allclose(np.load(tmp_path / f"o{k}" / "state_f.npy"), want_state, atol=1e-4)
         lengths.add(n)
     assert len(lengths) >= 4 and ROWS in lengths, lengths   # the buffer's end and early stops
+    # rows of a CSV: as JSON lines each at its own length; as CSV columns they cannot line up: refused
+    rows = sorted(picked.items())[:3]
+    (tmp_path / "rows.csv").write_text("".join(",".join(f"{v:.9g}" for v in x.ravel()) + "\n" for _, x in rows))
+    jl = run_edgepack("run", str(artifact), "--input", tmp_path / "rows.csv", "--output", tmp_path / "out.jsonl")
+    assert jl.returncode == 0, jl.stderr
+    lines = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [ln["outputs"]["probs"]["shape"] for ln in lines] == [[1, n, WIDTH] for n, _ in rows]
+    csv = run_edgepack("run", str(artifact), "--input", tmp_path / "rows.csv", "--output", tmp_path / "out.csv")
+    assert csv.returncode == 2 and "depends on the input" in csv.stderr, (csv.returncode, csv.stderr)
+    assert not (tmp_path / "out.csv").exists()
     st = run_artifact(artifact, ["selftest"])
     assert st.returncode == 0 and st.stdout.startswith("PASS"), st.stdout + st.stderr
     # the server answers at the decoded length too, request after request (the cut is undone before each run)

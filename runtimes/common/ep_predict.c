@@ -543,6 +543,14 @@ int ep_predict_csv(const ep_model_spec *spec, const ep_prepost *pp, ep_engine *e
         free(vals);
         return ep_fail(st, EP_ERR_NOMEM, "out of memory");
     }
+    /* values per output in the CSV header: a decoder's output has the length its input decides, and a
+     * row of another length cannot line up under the header */
+    size_t *header_n = calloc((size_t)spec->n_outputs + 1, sizeof *header_n);
+    if (!header_n) {
+        free(outputs);
+        free(vals);
+        return ep_fail(st, EP_ERR_NOMEM, "out of memory");
+    }
     if (format == EP_ROWS_JSON_ARRAY) fputc('[', out);
     for (int r = 0; r < rows && !rc; r += per_run_rows) {
         rc = ep_tensor_alloc(&inputs[0], in->dtype, in->ndim, in->shape, st);
@@ -551,7 +559,17 @@ int ep_predict_csv(const ep_model_spec *spec, const ep_prepost *pp, ep_engine *e
         rc = ep_alloc_outputs(spec, outputs, st);
         if (!rc) rc = ep_engine_run(e, inputs, outputs, st);
         if (!rc) {
-            if (format == EP_ROWS_CSV) {
+            for (int i = 0; format == EP_ROWS_CSV && i < spec->n_outputs && !rc; i++) {
+                size_t n = (size_t)ep_shape_count(outputs[i].shape, outputs[i].ndim);
+                if (r == 0) header_n[i] = n;
+                else if (n != header_n[i])
+                    rc = ep_fail(st, EP_ERR_USAGE, "output %.200s has %zu values for row %d and %zu for row 0 (its length "
+                                 "depends on the input): write JSON lines instead (--output results.jsonl)",
+                                 spec->outputs[i].name, n, r, header_n[i]);
+            }
+            if (rc) {
+                /* the row's tensors are freed below */
+            } else if (format == EP_ROWS_CSV) {
                 if (r == 0) write_csv_header(out, spec, pp, outputs);
                 fprintf(out, "%d", r);
                 if (pp->has_post) {
@@ -579,6 +597,7 @@ int ep_predict_csv(const ep_model_spec *spec, const ep_prepost *pp, ep_engine *e
         ep_free_tensors(outputs, spec->n_outputs);
     }
     if (format == EP_ROWS_JSON_ARRAY && !rc) fputc(']', out);
+    free(header_n);
     free(outputs);
     free(vals);
     return rc;
