@@ -16,7 +16,8 @@
  * A source is "iK" (this segment's input K), "bK" (model blob K: the constant's bytes) or "none"
  * (absent: no trip count, a true condition, or a value the body never reads).
  * Changed values live in two buffers each, swapped after every step, so a step never copies them.
- * A loop without a trip count stops after EP_LOOP_MAX_STEPS steps with an error: bounded.
+ * A loop still going after EP_LOOP_MAX_STEPS steps (no trip count, or a larger one: exporters write
+ * INT64_MAX for a "while") stops with an error: bounded.
  */
 #include "ep_engine_table.h"
 
@@ -191,13 +192,13 @@ static int loop_open(const ep_model_spec *spec, int threads, void **out, ep_stat
 static int loop_run(void *h, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {
     loop_engine *l = h;
     const ep_model_spec *bs = l->body_spec;
-    long long max = EP_LOOP_MAX_STEPS;
-    int bounded = 0;
+    /* the model's trip count, but never more than EP_LOOP_MAX_STEPS: exporters write INT64_MAX for "while" */
+    long long max = EP_LOOP_MAX_STEPS, capped = 1;
     if (l->max_src != SRC_NONE) {
         int64_t m;
         memcpy(&m, src_data(l, l->max_src, inputs), sizeof m);
-        max = m < 0 ? 0 : m;
-        bounded = 1;
+        capped = m > EP_LOOP_MAX_STEPS;
+        max = m < 0 ? 0 : capped ? EP_LOOP_MAX_STEPS : m;
     }
     unsigned char cond = 1;
     if (l->cond_src != SRC_NONE) cond = *(const unsigned char *)src_data(l, l->cond_src, inputs) != 0;
@@ -239,7 +240,7 @@ static int loop_run(void *h, const ep_tensor *inputs, ep_tensor *outputs, ep_sta
             l->out[l->next[j]].data = p;
         }
     }
-    if (!bounded && cond && step >= max)
+    if (capped && cond && step >= max)
         return ep_fail(st, EP_ERR_MODEL, "the model's loop did not stop within %lld steps", max);
     for (int r = 0; r < l->spec->n_outputs; r++) {
         const ep_tensor *v = &l->in[l->out_from[r]];
