@@ -294,6 +294,27 @@ def _static_body(body: LoadedModel, varying: list[int], carried: list, unread: f
     return replace(model, inputs=_value_specs(proto.graph.input, inits), outputs=_value_specs(proto.graph.output, set()))
 
 
+def explicit_conditions(model: LoadedModel) -> LoadedModel:
+    """Each Loop with a trip count but no condition input given a constant true one. ONNX then ignores
+    the body's condition and onnxsim unrolls such a loop over its whole trip count; onnxruntime, the
+    reference every build is checked against, stops where the body's condition says (and so does the loop
+    engine). With the condition explicit all three agree, and onnxsim leaves the loop alone."""
+    proto = model.proto
+    bare = [n for n in proto.graph.node if n.op_type == "Loop" and len(n.input) > 1 and n.input[0] and not n.input[1]]
+    if not bare:
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    name = "edgepack_loop_condition_true"
+    m.graph.initializer.append(numpy_helper.from_array(np.asarray(True), name))
+    for n in m.graph.node:
+        if n.op_type == "Loop" and len(n.input) > 1 and n.input[0] and not n.input[1]:
+            n.input[1] = name
+    return LoadedModel(model.path, m, model.inputs, model.outputs, model.opset,
+                       model.notes + (f"{len(bare)} Loop(s) without a condition input given a true one, as "
+                                      "onnxruntime runs them (the body's condition decides)",))
+
+
 _NOT_HOISTED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                           "Bernoulli", "Dropout"})
 

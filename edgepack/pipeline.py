@@ -29,7 +29,7 @@ from .cache import sha256_bytes, sha256_file
 from .control_flow import lower_if
 from .errors import ArtifactError, EdgepackError, InputError, ToolMissingError, UnsupportedOpError, VerificationError
 from .cut_outputs import trim_outputs
-from .loops import hoist_invariants, loop_refusal, static_loops
+from .loops import explicit_conditions, hoist_invariants, loop_refusal, static_loops
 from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_shapes, simplify
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
 from .quantized import lower_quantized
@@ -211,7 +211,7 @@ def lowered_for_backends(model: LoadedModel, simplify_graph: bool = True) -> Loa
     as float ops, simplified, then the Ifs decided by data as Where (control_flow.py), STFTs as
     convolutions and DFTs as MatMuls (signal_lowering.py), framing Scans as Gathers (scan_framing.py),
     one-hot products as Gathers and written-out softmaxes as Softmax (spelled_out.py)."""
-    model = lower_quantized(model)
+    model = explicit_conditions(lower_quantized(model))  # before onnxsim, which would unroll such loops
     if simplify_graph:
         model = simplify(model)      # folds the Ifs whose condition is a constant
     # the others, where both branches are safe to compute; STFT as Conv, framing Scans as Gather, DFT as MatMul

@@ -109,7 +109,7 @@ def inputs_with_lengths(model_path, count: int = 40, seed: int = 11) -> list[tup
     return out
 
 
-def counted_model(path, seed: int = 6) -> onnx.ModelProto:
+def counted_model(path, seed: int = 6, condition: bool = True) -> onnx.ModelProto:
     """A loop that steps |x[0]| + 1 times (x ~ N(0, 1): a few steps) and reads row i of a 12-row table
     with ``Slice(table, i, min(12, i + 1))``: from step 12 on onnxruntime's slice is empty (the loop goes
     on with a zero sum), while the compiled body's fixed length no longer holds and the artifact must
@@ -146,8 +146,8 @@ def counted_model(path, seed: int = 6) -> onnx.ModelProto:
         h.make_node("MatMul", ["x", "w_t"], ["t0"]),
         h.make_node("Reshape", ["t0", "t_shape"], ["t1"]),
         h.make_node("Expand", ["t1", "table_shape"], ["table"]),
-        # an explicit condition: with "" ONNX ignores the body's (onnxsim then unrolls all 100 steps)
-        h.make_node("Loop", ["max_steps", "go", "state0", "count0", "table", "limit", "w"],
+        # ``condition`` False: no condition input, where ONNX ignores the body's and onnxruntime does not
+        h.make_node("Loop", ["max_steps", "go" if condition else "", "state0", "count0", "table", "limit", "w"],
                     ["state_f", "count_f", "table_f", "limit_f", "w_f"], body=body),
     ]
     inits = [nh.from_array(rng.normal(0, 0.5, (WIDTH, WIDTH)).astype(np.float32), "w"),

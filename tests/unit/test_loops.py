@@ -189,3 +189,19 @@ def test_inspect_shows_the_loop_segment(decoder):
     assert "-> loop[Loop] ->" in report["targets"]["x86_64"], report["targets"]
     probs = next(o for o in report["outputs"] if o["name"] == "probs")
     assert probs["cut_to_length"]["axis"] == 1
+
+
+def test_a_loop_without_a_condition_input_runs_as_onnxruntime_runs_it(tmp_path):
+    """ONNX ignores the body's condition there and onnxsim unrolls all 100 steps; onnxruntime, the
+    reference, stops where the body says: the build keeps the loop, with a true condition input."""
+    path = tmp_path / "counted.onnx"
+    loop_models.counted_model(path, condition=False)
+    prep = prepare(path, BuildOptions())
+    loop = [n for n in prep.model.proto.graph.node if n.op_type == "Loop"]
+    assert len(loop) == 1 and loop[0].input[1], [n.op_type for n in prep.model.proto.graph.node][:12]
+    reference = _session(onnx.load(str(path)))
+    x = np.full((1, loop_models.WIDTH), 0.3, np.float32)
+    for x0 in (0.5, 3.2, 11.5):
+        x[0, 0] = x0
+        np.testing.assert_allclose(run_onnxruntime(prep.model, {"x": x})["state_f"], reference.run(None, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-6)
