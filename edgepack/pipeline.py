@@ -225,8 +225,10 @@ def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
     model = load_model(path)
     model = fix_input_shapes(model, opts.input_shapes)
     check_input_sizes(model.inputs, model.path.name)
+    given = model
     model = lowered_for_backends(model, opts.simplify)
-    if opts.preprocess or opts.postprocess or prepost_config_exists(path):
+    baked = opts.preprocess or opts.postprocess or prepost_config_exists(path)
+    if baked:
         # Graph surgery before compilation, so every backend gets the same pre/post-processing.
         model = bake_prepost(model, path, opts.preprocess, opts.postprocess)
         check_input_sizes(model.inputs, model.path.name)
@@ -236,9 +238,30 @@ def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
     # noise a detector answers ~0 and the selftest's bound would measure nothing.
     golden_in = realistic_inputs(model.inputs, GOLDEN_SEED, prepost_of(model.proto))
     golden_out = run_onnxruntime(model, golden_in, "realistic (synthetic)")
+    if not baked:
+        model = _checked_against(given, model, golden_in, golden_out)
     # outputs written with -1 or symbolic dims: onnxruntime's answer for the static inputs says
     model = resolve_output_shapes(model, golden_out)
     return PreparedModel(model, sha256_file(path), golden_in, golden_out)
+
+
+def _checked_against(given: LoadedModel, prepared: LoadedModel, inputs: dict, answer: dict) -> LoadedModel:
+    """Every build is verified against the prepared graph (simplified, lowered); this says, in the build's
+    notes, where that graph answers the golden input otherwise than the model itself does beyond the
+    verification bound (onnxsim or a lowering changed it: then the artifact is right about the wrong
+    graph). A note, not an error: onnxruntime's int8 kernels round otherwise than exact float ops do."""
+    try:
+        own = run_onnxruntime(given, inputs, "realistic (synthetic)")
+    except EdgepackError:
+        return prepared  # the model itself does not run as given (what a lowering is for)
+    off = [c for c in compare(answer, {k: v for k, v in own.items() if k in answer}, POLICY) if not c.ok]
+    if not off:
+        return prepared
+    worst = max(off, key=_badness)
+    note = (f"warning: the prepared graph answers output {worst.name} of the golden input otherwise than the "
+            f"model itself ({worst.why()}); builds are verified against the prepared graph: compare with "
+            f"--no-simplify")
+    return dataclasses.replace(prepared, notes=prepared.notes + (note,))
 
 
 def precision_ladder(backend, target: Target, requested: str) -> list[str]:

@@ -205,3 +205,18 @@ def test_a_loop_without_a_condition_input_runs_as_onnxruntime_runs_it(tmp_path):
         x[0, 0] = x0
         np.testing.assert_allclose(run_onnxruntime(prep.model, {"x": x})["state_f"], reference.run(None, {"x": x})[0],
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_a_prepared_graph_that_answers_otherwise_is_named_in_the_build_notes(tmp_path, monkeypatch):
+    """Without explicit_conditions onnxsim unrolls that loop over all 100 steps: the prepared graph answers
+    otherwise than the model itself, and the build says so (it is verified against the prepared graph)."""
+    import edgepack.pipeline as pipeline
+    path = tmp_path / "counted.onnx"
+    loop_models.counted_model(path, condition=False)
+    kept = prepare(path, BuildOptions())
+    assert not [n for n in kept.model.notes if n.startswith("warning: the prepared graph")], kept.model.notes
+    monkeypatch.setattr(pipeline, "explicit_conditions", lambda model: model)
+    unrolled = prepare(path, BuildOptions())
+    assert not [n for n in unrolled.model.proto.graph.node if n.op_type == "Loop"]
+    warned = [n for n in unrolled.model.notes if n.startswith("warning: the prepared graph")]
+    assert warned and "output state_f" in warned[0] and "--no-simplify" in warned[0], unrolled.model.notes
