@@ -153,6 +153,7 @@ class _Body:
     kept: tuple[int, ...]        # carried indices that are body inputs (the others became its weights)
     varying: tuple[int, ...]     # carried indices the body changes (its outputs from the second on)
     unread: frozenset            # carried indices whose body input nothing reads (only the last value counts)
+    guaranteed: bool             # the body runs at least once whatever the input
 
 
 def _static_shapes(model: onnx.ModelProto, consts: dict):
@@ -227,9 +228,10 @@ def _body(loop: onnx.NodeProto, outer: onnx.ModelProto, consts: dict, outer_shap
     varying = [c for c in kept if not invariant[c]]
     bg.output.append(body_in.output[0])
     bg.output.extend(body_in.output[1 + c] for c in varying)
+    guaranteed = _guaranteed_step(loop, consts)
     model = _static_body(LoadedModel(path, m, _value_specs(bg.input, set()), (), opset, ()), varying, carried,
-                         unread, _guaranteed_step(loop, consts))
-    return _Body(model, tuple(kept), tuple(varying), unread)
+                         unread, guaranteed)
+    return _Body(model, tuple(kept), tuple(varying), unread, guaranteed)
 
 
 def extract_body(segment: LoadedModel) -> LoopBody:
@@ -253,7 +255,9 @@ def extract_body(segment: LoadedModel) -> LoopBody:
               segment.path.with_name(f"{segment.path.stem}.body.onnx"), segment.opset)
     loop_in = list(loop.input) + [""] * (2 + len(loop.attribute[0].g.input) - len(loop.input))
     by_body_out = {c: 1 + b.varying.index(c) for c in b.varying}
-    sources = tuple(Source() if c in b.unread else source(loop_in[2 + c]) for c in b.kept)
+    # a value the body never reads needs no first value where the loop surely runs once; else (no step
+    # at all) its first value is the loop's answer
+    sources = tuple(Source() if c in b.unread and b.guaranteed else source(loop_in[2 + c]) for c in b.kept)
     nexts = tuple(by_body_out.get(c, -1) for c in b.kept)
     results = []
     for o in segment.outputs:
@@ -442,7 +446,7 @@ def static_loops(model: LoadedModel) -> LoadedModel:
         shapes = {s.name: s.shape for s in b.model.inputs + b.model.outputs}
         for c in range(len(body_graph.input) - 2):
             name = body_graph.input[2 + c].name
-            if c in b.unread and name in shapes:
+            if c in b.unread and b.guaranteed and name in shapes:  # else its first value may be the answer
                 zero = np.zeros(shapes[name], dtype=_np_dtype(body_graph.input[2 + c]))
                 init = f"{loop.output[c]}__first"
                 m.graph.initializer.append(numpy_helper.from_array(zero, init))

@@ -220,3 +220,37 @@ def test_a_prepared_graph_that_answers_otherwise_is_named_in_the_build_notes(tmp
     assert not [n for n in unrolled.model.proto.graph.node if n.op_type == "Loop"]
     warned = [n for n in unrolled.model.notes if n.startswith("warning: the prepared graph")]
     assert warned and "output state_f" in warned[0] and "--no-simplify" in warned[0], unrolled.model.notes
+
+
+def test_a_value_the_body_never_reads_keeps_its_first_value_when_the_loop_may_not_run(tmp_path):
+    """Trip count from the input (0 steps for x < 1): the loop's answer is then the value it started from,
+    so an unread carried value keeps its first value (only a loop sure to run may drop it)."""
+    io = [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []),
+          h.make_tensor_value_info("v", T.FLOAT, [1, 4])]
+    body = h.make_graph([h.make_node("Identity", ["c"], ["c2"]), h.make_node("Relu", ["x_in"], ["v2"])], "b", io,
+                        [h.make_tensor_value_info("c2", T.BOOL, []), h.make_tensor_value_info("v2", T.FLOAT, [1, 4])])
+    body.input.append(h.make_tensor_value_info("x_in", T.FLOAT, [1, 4]))
+    body.output.append(h.make_tensor_value_info("x_in", T.FLOAT, [1, 4]))
+    g = h.make_graph([h.make_node("ReduceMax", ["x"], ["top"], keepdims=0), h.make_node("Floor", ["top"], ["f"]),
+                      h.make_node("Cast", ["f"], ["m"], to=T.INT64),
+                      h.make_node("Loop", ["m", "go", "seven", "x"], ["v_f", "x_f"], body=body)],
+                     "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])], [h.make_tensor_value_info("v_f", T.FLOAT, [1, 4])],
+                     [onnx.numpy_helper.from_array(np.full((1, 4), 7, np.float32), "seven"),
+                      onnx.numpy_helper.from_array(np.asarray(True), "go")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "maybe.onnx"
+    onnx.save(model, str(path))
+    prep = prepare(path, BuildOptions())
+    plan = plan_for(prep.model, load_target_file(ROOT / "targets" / "x86_64.toml"))
+    k = plan.backends.index("loop")
+    sub = plan.segments[k].loaded(prep.model, k)
+    body = loops.extract_body(sub)
+    reference = _session(model)
+    for x in (np.full((1, 4), 0.5, np.float32), np.full((1, 4), 2.5, np.float32)):   # 0 steps, 2 steps
+        slots = {"x": x}
+        for j, seg in enumerate(plan.segments[:k]):
+            s = seg.loaded(prep.model, j)
+            slots.update(zip([o.name for o in s.outputs], _session(s.proto).run(None, {i.name: slots[i.name] for i in s.inputs})))
+        got = _step_loop(body, [slots[s.name] for s in sub.inputs])
+        np.testing.assert_allclose(got[[o.name for o in sub.outputs].index("v_f")], reference.run(None, {"x": x})[0])
