@@ -29,10 +29,11 @@ _ALONG_AXIS = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
 class Trim:
     output: str     # model output
     axis: int       # the axis cut
-    length: str     # the tensor holding the length (Slice's end), an extra graph output
+    length: str     # the tensor holding the length (Slice's end)
+    added: bool     # the length is a graph output only for the cut (not one of the model's own)
 
     def to_json(self) -> dict:
-        return {"output": self.output, "axis": self.axis, "length": self.length}
+        return {"output": self.output, "axis": self.axis, "length": self.length, "added": self.added}
 
 
 def trims_of(proto: onnx.ModelProto) -> list[Trim]:
@@ -63,30 +64,33 @@ def trim_outputs(model: LoadedModel) -> LoadedModel:
     for n in proto.graph.node:
         for x in n.input:
             readers[x] = readers.get(x, 0) + 1
-    found: list[tuple[str, onnx.NodeProto, int]] = []
+    graph_outputs = {o.name for o in proto.graph.output}
+    flat_from_13 = model.opset >= 13
+    found: list[tuple[str, onnx.NodeProto, int, list[int]]] = []
     for out in model.outputs:
-        name, node = out.name, producer.get(out.name)
-        ok = True
-        while node is not None and node.op_type != "Slice":
-            if node.op_type in _ELEMENTWISE or node.op_type in _ALONG_AXIS:
-                node = producer.get(node.input[0])
-            else:
-                ok = False
-                break
+        # back from the output through ops that treat each position alone, to the Slice; each value on
+        # the way read by the next op only (another reader would get the whole tensor once cut later)
+        node, along, ok = producer.get(out.name), [], readers.get(out.name, 0) == 0
+        while ok and node is not None and node.op_type != "Slice":
+            ok = node.op_type in _ELEMENTWISE or node.op_type in _ALONG_AXIS
+            if node.op_type in _ALONG_AXIS:  # before opset 13 these flatten from their axis on (default 1)
+                along.append(next((int(a.i) for a in node.attribute if a.name == "axis"), -1 if flat_from_13 else 1))
+            node = producer.get(node.input[0])
+            ok = ok and node is not None and readers.get(node.output[0], 0) == 1
         if not ok or node is None or len(node.input) < 4:
             continue
         starts, axes = _const_ints(node.input[1], consts), _const_ints(node.input[3], consts)
         steps = _const_ints(node.input[4], consts) if len(node.input) > 4 and node.input[4] else [1]
         if starts != [0] or axes is None or len(axes) != 1 or steps != [1] or node.input[2] in consts:
             continue
-        found.append((name, node, axes[0]))
+        found.append((out.name, node, axes[0], along))
     if not found:
         return model
     m = onnx.ModelProto()
     m.CopyFrom(proto)
     infos = tensor_infos(m)
     trims, specs = [], list(model.outputs)
-    for name, slice_node, axis in found:
+    for name, slice_node, axis, along in found:
         data = slice_node.input[0]
         full = infos.get(data)
         if full is None or full.static is None:
@@ -94,11 +98,12 @@ def trim_outputs(model: LoadedModel) -> LoadedModel:
         shape = full.static
         rank = len(shape)
         axis = axis + rank if axis < 0 else axis
-        if not 0 <= axis < rank or not _chain_keeps_axis(m, name, slice_node, axis, rank):
+        # the softmaxes on the way must not mix positions of the cut axis: not along it (opset 13 on), or
+        # (before) flattening only the axes after it
+        mixed = [a + rank if a < 0 else a for a in along]
+        if not 0 <= axis < rank or any(a == axis if flat_from_13 else a <= axis for a in mixed):
             continue
         sliced = slice_node.output[0]
-        if readers.get(sliced, 0) != 1 and sliced != name:
-            continue
         # the chain reads the whole tensor; the Slice stays for nothing and onnx prunes it
         for n in m.graph.node:
             for i, x in enumerate(n.input):
@@ -109,9 +114,10 @@ def trim_outputs(model: LoadedModel) -> LoadedModel:
             del m.graph.node[:]
             m.graph.node.extend(keep + [helper.make_node("Identity", [data], [name], name=f"{name}_untrimmed")])
         length = slice_node.input[2]
-        if length not in {o.name for o in m.graph.output}:
+        added = length not in graph_outputs  # a length the model also answers stays an output
+        if added and length not in {o.name for o in m.graph.output}:
             m.graph.output.append(helper.make_tensor_value_info(length, onnx.TensorProto.INT64, None))
-        trims.append(Trim(name, axis, length))
+        trims.append(Trim(name, axis, length, added))
         k = next(i for i, s in enumerate(specs) if s.name == name)
         specs[k] = TensorSpec(name, shape, specs[k].dtype, trim=(axis, length))
         for o in m.graph.output:
@@ -125,19 +131,6 @@ def trim_outputs(model: LoadedModel) -> LoadedModel:
     note = "outputs cut to a computed length at run time: " + ", ".join(
         f"{t.output} (axis {t.axis} up to {t.length})" for t in trims)
     return LoadedModel(model.path, m, model.inputs, tuple(specs), model.opset, model.notes + (note,))
-
-
-def _chain_keeps_axis(m: onnx.ModelProto, output: str, slice_node: onnx.NodeProto, axis: int, rank: int) -> bool:
-    """The ops from the Slice to the output treat each position of ``axis`` alone."""
-    producer = {o: n for n in m.graph.node for o in n.output}
-    node = producer.get(output)
-    while node is not None and node is not slice_node and node.output[0] != slice_node.output[0]:
-        if node.op_type in _ALONG_AXIS:
-            a = next((int(x.i) for x in node.attribute if x.name == "axis"), -1)
-            if (a + rank if a < 0 else a) == axis:
-                return False
-        node = producer.get(node.input[0])
-    return True
 
 
 def apply_trims(proto: onnx.ModelProto, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -154,6 +147,6 @@ def apply_trims(proto: onnx.ModelProto, outputs: dict[str, np.ndarray]) -> dict[
         end = min(max(end + n if end < 0 else end, 0), n)
         out[t.output] = arr[(slice(None),) * t.axis + (slice(0, end),)]
     for t in trims:
-        if t.length not in {x.output for x in trims}:
+        if t.added:
             out.pop(t.length, None)
     return out

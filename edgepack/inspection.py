@@ -10,9 +10,8 @@ from .errors import ArtifactError
 
 from .backends import all_backends
 from .model import fix_input_shapes, load_model, parse_shape_args
-from .cut_outputs import trim_outputs
-from .loops import hoist_invariants, loops_supported, static_loops
-from .pipeline import lowered_for_backends
+from .loops import loops_supported
+from .pipeline import lowered_for_backends, prepared_loops
 from .targets import TargetMatrix
 
 
@@ -39,7 +38,7 @@ def inspect_artifact_manifest(path: Path) -> dict:
 def inspect_model(path: Path, shape_args: list[str]) -> dict:
     model = load_model(Path(path))
     model = lowered_for_backends(fix_input_shapes(model, parse_shape_args(shape_args)))  # as a build prepares it
-    model = trim_outputs(static_loops(hoist_invariants(model)))
+    model = prepared_loops(model)
     backends = all_backends()
     unsupported = {name: b.unsupported_ops(model) for name, b in backends.items()}
     ops = [{"op": op, "count": len(nodes),

@@ -156,6 +156,12 @@ class _Body:
     guaranteed: bool             # the body runs at least once whatever the input
 
 
+def _parts(loop: onnx.NodeProto) -> tuple[onnx.GraphProto, list[str]]:
+    """The Loop's body, and its inputs with the absent trailing ones as "" (one per body input)."""
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    return body, list(loop.input) + [""] * (len(body.input) - len(loop.input))
+
+
 def _static_shapes(model: onnx.ModelProto, consts: dict):
     """name -> its static shape (a constant's, or the inferred one); ValueError where there is none."""
     from .onnx_index import tensor_infos
@@ -187,9 +193,8 @@ def _body(loop: onnx.NodeProto, outer: onnx.ModelProto, consts: dict, outer_shap
     why = unsupported_reason(loop, set(consts))
     if why:
         raise ValueError(why)
-    body_in = next(a.g for a in loop.attribute if a.name == "body")
+    body_in, loop_in = _parts(loop)
     carried = list(body_in.input[2:])
-    loop_in = list(loop.input) + [""] * (2 + len(carried) - len(loop.input))
     invariant = [body_in.output[1 + c].name == carried[c].name for c in range(len(carried))]
     reads = _outer_reads(body_in) | {x for n in body_in.node for x in n.input}
     unread = frozenset(c for c in range(len(carried)) if carried[c].name not in reads and not invariant[c])
@@ -253,7 +258,7 @@ def extract_body(segment: LoadedModel) -> LoopBody:
     read_after = {o.name for o in segment.proto.graph.output}
     b = _body(loop, segment.proto, consts, outer_shape, read_after,
               segment.path.with_name(f"{segment.path.stem}.body.onnx"), segment.opset)
-    loop_in = list(loop.input) + [""] * (2 + len(loop.attribute[0].g.input) - len(loop.input))
+    loop_in = _parts(loop)[1]
     by_body_out = {c: 1 + b.varying.index(c) for c in b.varying}
     # a value the body never reads needs no first value where the loop surely runs once; else (no step
     # at all) its first value is the loop's answer
@@ -347,10 +352,9 @@ def hoist_invariants(model: LoadedModel) -> LoadedModel:
 
 
 def _hoist(m: onnx.ModelProto, loop: onnx.NodeProto, outer_consts: dict, prefix: str) -> int:
-    from .onnx_index import constants
-    body = next(a.g for a in loop.attribute if a.name == "body")
+    from .onnx_index import _subgraph_reads, constants
+    body, loop_in = _parts(loop)
     n_carried = len(body.input) - 2
-    loop_in = list(loop.input) + [""] * (2 + n_carried - len(loop.input))
     outer_name = {body.input[2 + c].name: loop_in[2 + c] for c in range(n_carried)
                   if body.output[1 + c].name == body.input[2 + c].name and loop_in[2 + c]}
     computed = {b for b, o in outer_name.items() if o not in outer_consts}  # not a constant passed through
@@ -369,7 +373,8 @@ def _hoist(m: onnx.ModelProto, loop: onnx.NodeProto, outer_consts: dict, prefix:
         return 0
     # only what the remaining body reads needs to enter it; the other hoisted values only feed those
     kept = [n for n in body.node if n not in hoisted]
-    read = {x for n in kept for x in n.input} | {o.name for o in body.output} | _outer_reads_of(kept)
+    read = {x for n in kept for x in n.input} | {o.name for o in body.output}
+    read |= set().union(*(_subgraph_reads(n) for n in kept))
     needed = [o for o in made if o in read]
     outer_nodes = []
     for n in hoisted:
@@ -413,15 +418,6 @@ def _hoist(m: onnx.ModelProto, loop: onnx.NodeProto, outer_consts: dict, prefix:
         loop.input.append(made[name])
         loop.output.append(f"{made[name]}/unused")
     return len(hoisted)
-
-
-def _outer_reads_of(nodes) -> set[str]:
-    reads: set[str] = set()
-    for n in nodes:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                reads |= _outer_reads(a.g)
-    return reads
 
 
 def static_loops(model: LoadedModel) -> LoadedModel:

@@ -221,6 +221,14 @@ def lowered_for_backends(model: LoadedModel, simplify_graph: bool = True) -> Loa
     return simplify(lowered) if simplify_graph else lowered
 
 
+def prepared_loops(model: LoadedModel) -> LoadedModel:
+    """The Loops the runtime steps, as the plan takes them (loops.py): what every step computes alike
+    moved in front, outputs at the body's static shapes, and a decoder's outputs up to the step it stopped
+    at computed whole and cut at run time (cut_outputs.py). After baking pre/post-processing, which
+    re-reads the graph's outputs."""
+    return trim_outputs(static_loops(hoist_invariants(model)))
+
+
 def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
     model = load_model(path)
     model = fix_input_shapes(model, opts.input_shapes)
@@ -232,8 +240,7 @@ def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
         # Graph surgery before compilation, so every backend gets the same pre/post-processing.
         model = bake_prepost(model, path, opts.preprocess, opts.postprocess)
         check_input_sizes(model.inputs, model.path.name)
-    # a decoder loop's outputs up to the step it stopped at: computed whole, cut at run time
-    model = trim_outputs(static_loops(hoist_invariants(model)))
+    model = prepared_loops(model)
     # The selftest's golden input is a realistic one (a synthetic scene for image inputs): on
     # noise a detector answers ~0 and the selftest's bound would measure nothing.
     golden_in = realistic_inputs(model.inputs, GOLDEN_SEED, prepost_of(model.proto))

@@ -254,3 +254,53 @@ def test_a_value_the_body_never_reads_keeps_its_first_value_when_the_loop_may_no
             slots.update(zip([o.name for o in s.outputs], _session(s.proto).run(None, {i.name: slots[i.name] for i in s.inputs})))
         got = _step_loop(body, [slots[s.name] for s in sub.inputs])
         np.testing.assert_allclose(got[[o.name for o in sub.outputs].index("v_f")], reference.run(None, {"x": x})[0])
+
+
+def _cut_model(tmp_path, opset: int = 17, extra_reader: bool = False, length_out: bool = False):
+    """y = Softmax(Slice(x, 0, n, axis 1)) with n from x, beside a trivial Loop (cuts are for loop models)."""
+    from edgepack.model import load_model
+    io = [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []),
+          h.make_tensor_value_info("v", T.FLOAT, [1])]
+    body = h.make_graph([h.make_node("Identity", ["c"], ["c2"]), h.make_node("Neg", ["v"], ["v2"])], "b", io,
+                        [h.make_tensor_value_info("c2", T.BOOL, []), h.make_tensor_value_info("v2", T.FLOAT, [1])])
+    nodes = [h.make_node("ReduceMax", ["x"], ["top"], keepdims=0), h.make_node("Abs", ["top"], ["a"]),
+             h.make_node("Cast", ["a"], ["n0"], to=T.INT64), h.make_node("Reshape", ["n0", "one"], ["n"]),
+             h.make_node("Slice", ["x", "zero", "n", "one"], ["rows"]),
+             h.make_node("Softmax", ["rows"], ["y"], **({"axis": -1} if opset >= 13 else {})),
+             h.make_node("Loop", ["three", "go", "v0"], ["w"], body=body)]
+    outs = [h.make_tensor_value_info("y", T.FLOAT, [1, "rows", 4]), h.make_tensor_value_info("w", T.FLOAT, [1])]
+    if extra_reader:
+        nodes.append(h.make_node("ReduceSum", ["y"], ["total"], keepdims=0))
+        outs.append(h.make_tensor_value_info("total", T.FLOAT, []))
+    if length_out:
+        outs.append(h.make_tensor_value_info("n", T.INT64, [1]))
+    inits = [onnx.numpy_helper.from_array(np.asarray(v, dt), k) for k, v, dt in
+             (("one", [1], np.int64), ("zero", [0], np.int64), ("three", 3, np.int64), ("go", True, np.bool_),
+              ("v0", [1.0], np.float32))]
+    g = h.make_graph(nodes, "cut", [h.make_tensor_value_info("x", T.FLOAT, [1, 6, 4])], outs, inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "cut.onnx"))
+    return load_model(tmp_path / "cut.onnx"), m
+
+
+def test_a_cut_keeps_a_length_the_model_also_answers(tmp_path):
+    from edgepack.cut_outputs import trim_outputs
+    model, proto = _cut_model(tmp_path, length_out=True)
+    cut = trim_outputs(model)
+    assert next(o for o in cut.outputs if o.name == "y").trim == (1, "n")
+    x = np.full((1, 6, 4), 3.5, np.float32)
+    got, want = run_onnxruntime(cut, {"x": x}), _session(proto).run(None, {"x": x})
+    assert set(got) == {"y", "w", "n"} and got["y"].shape == (1, 3, 4)
+    np.testing.assert_array_equal(got["n"], want[2])
+
+
+def test_no_cut_where_another_op_reads_the_rows_or_an_old_softmax_spans_the_axis(tmp_path):
+    """A second reader of the softmax would get all six rows once cut; before opset 13 Softmax flattens
+    from axis 1, mixing the rows: both stay uncut."""
+    from edgepack.cut_outputs import trim_outputs
+    for kwargs in ({"extra_reader": True}, {"opset": 11}):
+        model, _ = _cut_model(tmp_path, **kwargs)
+        assert not any(o.trim for o in trim_outputs(model).outputs), kwargs
+    model, _ = _cut_model(tmp_path)
+    assert next(o for o in trim_outputs(model).outputs if o.name == "y").trim == (1, "n")
