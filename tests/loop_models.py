@@ -19,9 +19,10 @@ def _c(name: str, value) -> onnx.NodeProto:
     return h.make_node("Constant", [], [name], value=nh.from_array(np.asarray(value), name))
 
 
-def decoder_model(path, rows_guard: bool = True, seed: int = 5) -> onnx.ModelProto:
+def decoder_model(path, rows_guard: bool = True, seed: int = 5, answer_length: bool = False) -> onnx.ModelProto:
     """``rows_guard`` False: the body's own stop ignores the buffer's length, so a long decode reads
-    (Slice) past the last row, where ONNX gives an empty slice and the compiled body a check failure."""
+    (Slice) past the last row, where ONNX gives an empty slice and the compiled body a check failure.
+    ``answer_length``: the decoded length is a model output too (the cut's own length)."""
     rng = np.random.default_rng(seed)
     w_in = rng.normal(0, 0.6, (WIDTH, WIDTH)).astype(np.float32)
     w_rec = rng.normal(0, 0.9, (WIDTH, WIDTH)).astype(np.float32)
@@ -86,8 +87,10 @@ def decoder_model(path, rows_guard: bool = True, seed: int = 5) -> onnx.ModelPro
              nh.from_array(np.zeros((1, ROWS, WIDTH), np.float32), "buf0"), nh.from_array(np.float32(0), "out0"),
              nh.from_array(np.asarray([1], np.int64), "vec"), nh.from_array(np.asarray([0], np.int64), "start0"),
              nh.from_array(np.asarray([1], np.int64), "axes1o")]
-    graph = h.make_graph(nodes, "tiny_decoder", [f32("x", [1, WIDTH])],
-                         [f32("probs", [1, "steps", WIDTH]), f32("state_f", [1, WIDTH])], inits)
+    outputs = [f32("probs", [1, "steps", WIDTH]), f32("state_f", [1, WIDTH])]
+    if answer_length:
+        outputs.append(h.make_tensor_value_info("length", T.INT64, [1]))
+    graph = h.make_graph(nodes, "tiny_decoder", [f32("x", [1, WIDTH])], outputs, inits)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], producer_name="edgepack-tests")
     model.ir_version = 8
     onnx.checker.check_model(model)

@@ -29,7 +29,7 @@ def _build(tmp_path, model_path):
 
 def test_decoder_loop_answers_every_length_as_onnxruntime(tmp_path):
     path = tmp_path / "decoder.onnx"
-    decoder_model(path)
+    decoder_model(path, answer_length=True)  # the cut's length is also an output (a slot lent to the caller)
     artifact = _build(tmp_path, path)
     manifest = json.loads((artifact.parent / (artifact.name + ".json")).read_text())
     assert [s["backend"] for s in manifest["backend"]["segments"]].count("loop") == 1, manifest["backend"]
@@ -45,6 +45,7 @@ def test_decoder_loop_answers_every_length_as_onnxruntime(tmp_path):
         got = np.load(tmp_path / f"o{k}" / "probs.npy")
         want_probs, want_state = reference.run(["probs", "state_f"], {"x": x})
         assert got.shape == (1, n, WIDTH) == want_probs.shape
+        np.testing.assert_array_equal(np.load(tmp_path / f"o{k}" / "length.npy"), [n])
         np.testing.assert_allclose(got, want_probs, atol=1e-4)
         np.testing.assert_allclose(np.load(tmp_path / f"o{k}" / "state_f.npy"), want_state, atol=1e-4)
         lengths.add(n)

@@ -282,12 +282,13 @@ int ep_engine_run(ep_engine *e, const ep_tensor *inputs, ep_tensor *outputs, ep_
         else
             memcpy(outputs[j].data, src->data, src->nbytes);
     }
+    /* before the lent slots are given back: a length that is itself a model output was written there */
+    for (int c = 0; c < t->n_trims && !rc; c++)
+        cut(&outputs[t->trim_outputs[c]], t->trim_axes[c], ep_tensor_get(&e->slots[t->trim_slots[c]], 0));
     for (int j = 0; j < spec->n_outputs; j++) {
         int k = direct_output(e, j);
         if (k >= 0) e->slots[k] = e->saved[j];
     }
-    for (int c = 0; c < t->n_trims && !rc; c++)
-        cut(&outputs[t->trim_outputs[c]], t->trim_axes[c], ep_tensor_get(&e->slots[t->trim_slots[c]], 0));
     for (int i = 0; i < spec->n_inputs; i++) memset(&e->slots[i], 0, sizeof e->slots[i]);
     if (!rc) e->runs++;
     return rc;
