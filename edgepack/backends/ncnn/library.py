@@ -46,6 +46,7 @@ from .shared_weights_patch import (SHARED_WEIGHTS_ARM_PATCH_KEY, SHARED_WEIGHTS_
                                    patch_shared_weights_arm)
 from .source_patch import PATCH_KEY, patch_source
 from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
+from .winograd_fp16_patch import WINOGRAD_FP16_PATCH_KEY, patch_winograd_fp16
 from .winograd_strips_patch import WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips
 
 RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
@@ -79,6 +80,7 @@ def _arch_patches(target: Target) -> tuple:
         ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block), ("gelu_erf_patch", GELU_ERF_PATCH_KEY, patch_gelu_erf),
         ("fake_quant_patch", FAKE_QUANT_PATCH_KEY, patch_fake_quant),
         ("winograd_strips_patch", WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips),
+        ("winograd_fp16_patch", WINOGRAD_FP16_PATCH_KEY, patch_winograd_fp16),
         ("flush_denormals_patch", FLUSH_DENORMALS_PATCH_KEY, patch_flush_denormals))
 
 
