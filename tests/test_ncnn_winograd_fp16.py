@@ -1,11 +1,12 @@
 """Winograd kernels held in fp16 on x86 CPUs with F16C (edgepack/backends/ncnn/winograd_fp16_patch.py).
 
-Three 3x3 convolutions chosen to walk every part of the widening: 160 -> 40 channels (F(4,3), 160 input
-channels: more than one K tile on any L2 up to 2 MiB; 40 output rows: a 16- or 32-row run and a tail),
-40 -> 24 (F(4,3)) and 24 -> 24 (F(6,3), which keeps its fp32 kernel). The weights are values fp16 holds exactly, so an artifact built at
+Three 3x3 convolutions chosen to walk every part of the widening: 160 -> 36 channels (F(4,3), 160 input
+channels: more than one K tile on any L2 up to 2 MiB; 36 output rows: 16- or 32-row runs and a 4-row tail,
+in an M tile of 40 rows whose last 4 hold no kernel), 36 -> 24 (F(4,3)) and 24 -> 24 (F(6,3), which keeps
+its fp32 kernel). The weights are values fp16 holds exactly, so an artifact built at
 the fp16 rung and run where the kernels stay fp32 (an SSE CPU: qemu's Nehalem, or this host capped with
 isa=sse) differs from onnxruntime only by the order of additions; where they are fp16 (F16C: this host,
-qemu's Haswell) it differs by the transformed kernel's rounding too — a little, and measurably. Both at
+qemu's Haswell and IvyBridge) it differs by the transformed kernel's rounding too — a little, and measurably. Both at
 1 and 2 threads with the same bits.
 
 A stack of 128 -> 128 3x3 convolutions shows the memory: after a run, the fp16 build holds about half
@@ -25,7 +26,7 @@ from conftest import run_edgepack
 from test_memory import CH, CONVS, HW, conv_relu_stack, resident_after_run
 
 H, W = 30, 26
-LAYERS = [(160, 40), (40, 24), (24, 24)]  # (in, out) channels, 3x3, stride 1, zero border 1
+LAYERS = [(160, 36), (36, 24), (24, 24)]  # (in, out) channels, 3x3, stride 1, zero border 1
 
 
 def _model(path):
@@ -68,7 +69,8 @@ def test_fp16_winograd_kernels_match_onnxruntime_on_every_x86_cpu(tmp_path):
     scale = float(np.abs(want).max())
     assert scale > 0.1
     f16c = "f16c" in host_cpu_flags()
-    cpus = {"native isa=sse": False, "Nehalem": False, "Haswell-noTSX": True, "native": f16c}
+    # IvyBridge: AVX and F16C without FMA (ncnn's AVX tile kernel, not the FMA one)
+    cpus = {"native isa=sse": False, "Nehalem": False, "Haswell-noTSX": True, "IvyBridge": True, "native": f16c}
     for cpu, fp16 in cpus.items():
         got = {}
         for threads in (1, 2):

@@ -85,18 +85,31 @@ __attribute__((target("avx,f16c"))) static void ep_wf16_widen(const unsigned sho
 // least normal number (6.1e-05), where it keeps few bits; so the kernel is stored times 2^s, its largest
 // value in [2^13, 2^14), and each row of the fp16 kernel is two halves longer, where 2^-s is kept (as a
 // float's bytes) for the widening: any tile can read it from its first row.
-static bool ep_winograd_kernel_fp16(Mat& AT, const Option& opt)
+static bool ep_winograd_kernel_fp16(Mat& AT, int M, int K, const Option& opt)
 {
 #if EP_WF16
     if (AT.empty() || AT.elemsize != 4u || AT.elempack != 1 || !opt.use_fp16_storage || !cpu_support_x86_f16c())
         return false;
+    // the largest value the tiles hold: a tile of max_ii x max_kk (M and K's last tiles may be partial) fills
+    // the first max_ii * max_kk values of each of its rows, the rest is whatever the allocation held before
+    int TILE_M, TILE_N, TILE_K;
+    get_optimal_tile_mnk(M, 0, K, TILE_M, TILE_N, TILE_K, opt.num_threads); // as the transform tiled it
+    if ((M + TILE_M - 1) / TILE_M != AT.c || (K + TILE_K - 1) / TILE_K != AT.d)
+        return false; // not the tiling this reads: keep fp32
     float largest = 0.f;
-    for (int q = 0; q < AT.c; q++)
+    for (int i = 0; i < M; i += TILE_M)
     {
-        const float* p = AT.channel(q);
-        const size_t n = (size_t)AT.w * AT.h * AT.d;
-        for (size_t i = 0; i < n; i++)
-            largest = std::max(largest, fabsf(p[i]));
+        for (int k = 0; k < K; k += TILE_K)
+        {
+            const Mat tile = AT.channel(i / TILE_M).depth(k / TILE_K);
+            const int n = std::min(M - i, TILE_M) * std::min(K - k, TILE_K);
+            for (int y = 0; y < AT.h; y++)
+            {
+                const float* p = tile.row(y);
+                for (int j = 0; j < n; j++)
+                    largest = std::max(largest, fabsf(p[j]));
+            }
+        }
     }
     if (!(largest < 3.0e38f)) // inf or NaN: keep fp32
         return false;
@@ -128,6 +141,8 @@ static bool ep_winograd_kernel_fp16(Mat& AT, const Option& opt)
     return true;
 #else
     (void)AT;
+    (void)M;
+    (void)K;
     (void)opt;
     return false;
 #endif
@@ -218,7 +233,7 @@ _PIPELINE_NEW = """            else
         }
 
         // edgepack (winograd_fp16_patch.py): F(4,3) kernels in fp16 where the net stores fp16
-        if (ep_winograd_kernel_fp16(weight_winograd43_data, opt) && getenv("EDGEPACK_NCNN_TRACE"))
+        if (ep_winograd_kernel_fp16(weight_winograd43_data, num_output, num_input, opt) && getenv("EDGEPACK_NCNN_TRACE"))
             NCNN_LOGE("edgepack winograd: %d -> %d 3x3, F(4,3) kernel in fp16", num_input, num_output);
 
         if (opt.lightmode)
