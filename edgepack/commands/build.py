@@ -44,10 +44,10 @@ BUILD_JSON_SCHEMA_VERSION = 1  # `edgepack build --json`, see docs/build-json.md
               help="TVM: use this MetaSchedule database (from `edgepack tune --out-db`); 'off' builds untuned "
                    "even when `edgepack tune` left one in the cache. Default: the target's database, if any.")
 @click.option("--memory", type=click.Choice(["fast", "lean"]), default="fast", show_default=True,
-              help="NCNN: fast keeps ncnn's Winograd kernels everywhere; lean runs the 3x3 convolutions whose "
-                   "Winograd kernels exceed 1 MiB without them and, on x86, every layer the direct kernel can "
-                   "take in it with fp16 weights where exact (nudenet_320n: peak RSS 43 -> 16 MiB, 12% slower "
-                   "on 1 thread; docs/backends.md).")
+              help="NCNN: fast keeps ncnn's Winograd kernels everywhere (on x86 at the fp16 rung the F(4,3) ones "
+                   "in fp16); lean runs the 3x3 convolutions whose Winograd kernels exceed 1 MiB without them and, "
+                   "on x86, every layer the direct kernel can take in it with fp16 weights where exact "
+                   "(nudenet_320n: peak RSS 28 MiB fast, 16 MiB lean, 12% slower on 1 thread; docs/backends.md).")
 @click.option("--default-threads", "default_threads", default="auto", show_default=True, metavar="auto|all|N",
               help="The artifact's thread count when run without --threads: auto times it at 1, 2, 4... threads "
                    "where it can be timed (this machine's arch, or --bench-on) and caps it at the fewest within 5% "
