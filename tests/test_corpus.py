@@ -62,8 +62,9 @@ def test_small_subset_builds_verifies_and_is_timed_against_onnxruntime(tmp_path)
 
 # Real models that once left NCNN or failed, each for an exporter form (docs/backends.md): magika's
 # one-axis ReduceSum and [1, N] Gemm bias (jax2tf), hey_jarvis's data-dependent If (openWakeWord),
-# PP-OCRv3's Resize with an unread roi. Verified natively only: the forms, not the CPUs, are the point.
-FORMS = {"magika": "ncnn", "oww_hey_jarvis": None, "ppocr_v3_det": "ncnn"}
+# PP-OCRv3's Resize with an unread roi, MTCNN R-Net's padding="same" MaxPool (keras2onnx, from an
+# sdist). Verified natively only: the forms, not the CPUs, are the point.
+FORMS = {"magika": "ncnn", "oww_hey_jarvis": None, "ppocr_v3_det": "ncnn", "mtcnn_rnet": "ncnn"}
 
 
 def test_exporter_forms_of_real_models_stay_built_and_on_ncnn(tmp_path):
@@ -81,5 +82,6 @@ def test_exporter_forms_of_real_models_stay_built_and_on_ncnn(tmp_path):
         if needs:
             assert needs in r["backend"].split("+"), r  # magika: its layer norms and head on NCNN
     assert rows["ppocr_v3_det"]["backend"] == "ncnn"  # whole: its six upsamplings no longer cut out
+    assert rows["mtcnn_rnet"]["backend"] == "ncnn"  # whole: it went to TVM while pnnx mis-padded its pool
     manifest = json.loads((tmp_path / "dist" / "oww_hey_jarvis-x86_64.json").read_text())
     assert any(n.startswith("If as Where") for n in manifest["model"]["notes"])

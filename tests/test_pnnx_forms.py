@@ -231,3 +231,63 @@ def test_pnnx_refuses_ir_14_and_convert_hands_it_a_readable_copy(tmp_path):
     converted = convert(load_model(path), "fp32", log=lambda m: None)
     assert "Convolution" in converted.layer_types and converted.check_error < 1e-5
     assert onnx.load(path).ir_version == 14  # the user's file is left as it was
+
+
+def _same_padded(op: str, mode: str, h: int, w: int, k: int = 3, stride: int = 2, dilation: int = 1,
+                 **attrs) -> onnx.ModelProto:
+    """One Conv (4 -> 6 channels) or pooling over x [1, 4, h, w] with auto_pad ``mode``, as keras2onnx
+    writes Keras's padding="same" (MTCNN's R-Net: a 3x3 stride-2 MaxPool over 22 x 22)."""
+    inits, extra = {}, dict(attrs)
+    if op == "Conv":
+        inits["w"] = np.random.default_rng(4).standard_normal((6, 4, k, k)).astype(np.float32)
+        extra["dilations"] = [dilation, dilation]
+    else:
+        extra["kernel_shape"] = [k, k]
+    ceil = attrs.get("ceil_mode", 0)
+    out = [-(-(n - ((k - 1) * dilation + 1)) // stride) + 1 if mode == "VALID" else
+           (-(-n // stride) if not ceil else -(-n // stride)) for n in (h, w)]
+    node = helper.make_node(op, ["x", "w"] if op == "Conv" else ["x"], ["y"], auto_pad=mode,
+                            strides=[stride, stride], **extra)
+    return _model([node], [1, 4, h, w], [1, 6 if op == "Conv" else 4, *out], inits, 13)
+
+
+def test_same_pads_put_the_odd_row_where_onnx_says():
+    assert pnnx_forms.same_pads([22, 22], [3, 3], [2, 2], [1, 1], upper=True) == [0, 0, 1, 1]
+    assert pnnx_forms.same_pads([22, 22], [3, 3], [2, 2], [1, 1], upper=False) == [1, 1, 0, 0]
+    assert pnnx_forms.same_pads([21, 12], [3, 3], [2, 1], [1, 2], upper=True) == [1, 2, 1, 2]
+    assert pnnx_forms.same_pads([9], [1], [4], [1], upper=True) == [0, 0]  # stride past the kernel: none
+
+
+@pytest.mark.parametrize("op,mode,h,w,k,stride,dilation", [
+    ("MaxPool", "SAME_UPPER", 22, 22, 3, 2, 1), ("MaxPool", "SAME_LOWER", 22, 23, 3, 2, 1),
+    ("MaxPool", "SAME_UPPER", 20, 20, 2, 1, 1), ("Conv", "SAME_LOWER", 22, 21, 3, 2, 1),
+    ("Conv", "SAME_UPPER", 19, 20, 3, 1, 1), ("Conv", "SAME_LOWER", 12, 12, 2, 1, 1)])
+def test_auto_pad_written_out_is_exact(op, mode, h, w, k, stride, dilation):
+    new, fired = _rewritten(pnnx_forms.auto_pad_explicit, _same_padded(op, mode, h, w, k, stride, dilation))
+    assert fired == 1
+    node = new.graph.node[0]
+    assert {a.name for a in node.attribute} >= {"pads"} and "auto_pad" not in {a.name for a in node.attribute}
+
+
+def test_auto_pad_rewrite_leaves_what_pnnx_has_no_better_form_for():
+    # an AveragePool with asymmetric pads stays AveragePool in pnnx (no ncnn layer): left for TVM
+    assert pnnx_forms.auto_pad_explicit(_same_padded("AveragePool", "SAME_UPPER", 22, 22)) == 0
+    assert pnnx_forms.auto_pad_explicit(_same_padded("MaxPool", "SAME_UPPER", 22, 22, ceil_mode=1)) == 0
+    assert pnnx_forms.auto_pad_explicit(_same_padded("MaxPool", "VALID", 22, 22)) == 0
+    # onnxruntime refuses dilation with auto_pad, so there is nothing to match
+    assert pnnx_forms.auto_pad_explicit(_same_padded("Conv", "SAME_UPPER", 19, 20, 3, 1, 2)) == 0
+
+
+def test_pnnx_pads_an_odd_same_upper_pool_on_both_sides_and_the_written_out_pads_convert(tmp_path):
+    from edgepack.backends.ncnn.convert import convert
+    from edgepack.model import load_model
+    before = _pnnx_ncnn_param(_same_padded("MaxPool", "SAME_UPPER", 22, 22), tmp_path / "before", "[1,4,22,22]")
+    padding = [ln.split()[6:10] for ln in before.splitlines() if ln.startswith("Padding")]
+    assert padding == [["0=1", "1=1", "2=1", "3=1"]], \
+        f"pnnx now pads SAME_UPPER otherwise ({padding}): auto_pad_explicit may be unneeded"
+    for name, model in (("pool", _same_padded("MaxPool", "SAME_UPPER", 22, 22)),
+                        ("conv", _same_padded("Conv", "SAME_LOWER", 22, 21))):
+        onnx.save(model, tmp_path / f"{name}.onnx")
+        converted = convert(load_model(tmp_path / f"{name}.onnx"), "fp32", log=lambda m: None)
+        assert "auto_pad_explicit x1" in converted.rewrites, name
+        assert converted.check_error < 1e-5, name

