@@ -24,6 +24,7 @@ from typing import Callable
 
 from . import __version__
 from .backends import CompileRequest, EngineBuild, all_backends, get_backend
+from .batch_items import batch_size, per_item_model
 from .bundle import BundleRequest, Bundled, bundle
 from .cache import sha256_bytes, sha256_file
 from .control_flow import lower_if
@@ -73,6 +74,7 @@ class PreparedModel:
     source_sha256: str
     golden_inputs: dict
     golden_outputs: dict
+    per_item: LoadedModel | None = None  # the model at batch 1 where it takes a batch of N > 1 (batch_items.py)
 
     @functools.cached_property
     def verify_cases(self) -> dict[str, tuple[dict, dict]]:
@@ -229,18 +231,24 @@ def prepared_loops(model: LoadedModel) -> LoadedModel:
     return trim_outputs(static_loops(hoist_invariants(model)))
 
 
-def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
+def _prepared_graph(path: Path, opts: BuildOptions, shapes: dict) -> tuple[LoadedModel, LoadedModel, bool]:
+    """(the model with its input shapes fixed, the graph the backends get, whether pre/post-processing
+    was baked in)."""
     model = load_model(path)
-    model = fix_input_shapes(model, opts.input_shapes)
+    model = fix_input_shapes(model, shapes)
     check_input_sizes(model.inputs, model.path.name)
     given = model
     model = lowered_for_backends(model, opts.simplify)
-    baked = opts.preprocess or opts.postprocess or prepost_config_exists(path)
+    baked = bool(opts.preprocess or opts.postprocess or prepost_config_exists(path))
     if baked:
         # Graph surgery before compilation, so every backend gets the same pre/post-processing.
         model = bake_prepost(model, path, opts.preprocess, opts.postprocess)
         check_input_sizes(model.inputs, model.path.name)
-    model = prepared_loops(model)
+    return given, prepared_loops(model), baked
+
+
+def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
+    given, model, baked = _prepared_graph(path, opts, opts.input_shapes)
     # The selftest's golden input is a realistic one (a synthetic scene for image inputs): on
     # noise a detector answers ~0 and the selftest's bound would measure nothing.
     golden_in = realistic_inputs(model.inputs, GOLDEN_SEED, prepost_of(model.proto))
@@ -249,7 +257,9 @@ def prepare(path: Path, opts: BuildOptions) -> PreparedModel:
         model = _checked_against(given, model, golden_in, golden_out)
     # outputs written with -1 or symbolic dims: onnxruntime's answer for the static inputs says
     model = resolve_output_shapes(model, golden_out)
-    return PreparedModel(model, sha256_file(path), golden_in, golden_out)
+    # a batch of N > 1: the same model at batch 1 too, for backends that run a batch item by item
+    item = per_item_model(model, given, lambda shapes: _prepared_graph(path, opts, shapes)[1])
+    return PreparedModel(model, sha256_file(path), golden_in, golden_out, item)
 
 
 def _checked_against(given: LoadedModel, prepared: LoadedModel, inputs: dict, answer: dict) -> LoadedModel:
@@ -550,9 +560,12 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
         t_stage = time.monotonic()
         # Targets build in threads; a backend whose compiler keeps global state (TVM's
         # importer does) compiles one target at a time.
+        # a backend without a batch axis runs a batch of N one item at a time, on the batch-1 graph
+        items = batch_size(model) if prep.per_item is not None and getattr(backend, "runs_items", False) else 1
         with contextlib.nullcontext() if getattr(backend, "thread_safe", False) else _COMPILE_LOCKS[name]:
-            engine = backend.compile(CompileRequest(model, target, rung, workdir / "compile", tc,
-                                                    lambda m: log(f"[{target.name}] {m}"), opts.tuning_db))
+            engine = backend.compile(CompileRequest(prep.per_item if items > 1 else model, target, rung,
+                                                    workdir / "compile", tc, lambda m: log(f"[{target.name}] {m}"),
+                                                    opts.tuning_db, items))
         from .backends.ncnn.memory import apply_memory_mode
         engine = apply_memory_mode(engine, opts.memory, workdir / "memory", target.arch)
         # one bound policy for every backend and precision, in the verification and the selftest alike

@@ -27,6 +27,7 @@ class CompileRequest:
     toolchain: Toolchain
     log: Callable[[str], None] = print
     tuning_db: str | None = None  # TVM: None the target's database (if any), "off", or a database folder
+    items: int = 1                # >1: `model` is one item of a batch of that many, run once per item (batch_items.py)
 
 
 @dataclass(frozen=True)

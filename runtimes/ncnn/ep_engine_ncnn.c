@@ -40,6 +40,7 @@ typedef struct {
     ncnn_net_t net;
     ncnn_option_t opt;
     ncnn_allocator_t blob_alloc, work_alloc; /* only when an option asks for shared pools */
+    int items; /* a batch of this many runs the batch-1 graph once per item (edgepack/batch_items.py) */
 } ncnn_engine;
 
 static const char *ncnn_describe(void) { return "ncnn"; }
@@ -309,6 +310,21 @@ static const char *indexed(const ep_model_spec *spec, const char *prefix, int i,
     return ep_option_get(spec, key, fallback);
 }
 
+/* ncnn.items: how many items of a batch the graph (built at batch 1) runs one after another; 1 when
+ * absent. 0 when it is malformed or not the leading dim of every input and output: each item is then
+ * the k-th 1/items of every buffer. */
+static int items_of(const ep_model_spec *spec) {
+    const char *v = ep_option_get(spec, "ncnn.items", "1");
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    if (!end || *end != '\0' || n < 1 || n > INT32_MAX) return 0;
+    for (int i = 0; i < spec->n_inputs + spec->n_outputs && n > 1; i++) {
+        const ep_io_spec *s = i < spec->n_inputs ? &spec->inputs[i] : &spec->outputs[i - spec->n_inputs];
+        if (s->ndim < 1 || s->shape[0] != n) return 0;
+    }
+    return (int)n;
+}
+
 static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_status *st) {
     *out = NULL;
     int src = ep_spec_check(spec, st);
@@ -317,6 +333,12 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
     ncnn_engine *e = calloc(1, sizeof *e);
     if (!e) return ep_fail(st, EP_ERR_NOMEM, "out of memory");
     e->spec = spec;
+    e->items = items_of(spec);
+    if (e->items < 1) {
+        free(e);
+        return ep_fail(st, EP_ERR_MODEL, "option ncnn.items is not the leading dim of every input and output "
+                                         "(rebuild the artifact)");
+    }
     e->opt = ncnn_option_create();
     int visible = ncnn_visible_cpus();
     if (threads < 1) threads = 1;
@@ -422,16 +444,29 @@ static int ids_to_words(const ep_io_spec *s, const ep_tensor *in, long long rows
     return rc;
 }
 
-static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {
-    ncnn_engine *e = handle;
+/* io spec s as one item of the batch sees it: the leading dim 1 where the engine runs items. */
+static ep_io_spec item_spec(const ep_io_spec *s, int items) {
+    ep_io_spec one = *s;
+    if (items > 1) one.shape[0] = 1;
+    return one;
+}
+
+/* Item k of a batch of `items` (k = 0, items = 1: the whole tensors): inputs read from, and outputs
+ * written to, the k-th 1/items of each buffer. */
+static int run_item(ncnn_engine *e, const ep_tensor *inputs, ep_tensor *outputs, int k, ep_status *st) {
     const ep_model_spec *spec = e->spec;
     ncnn_extractor_t ex = ncnn_extractor_create(e->net);
     int rc = EP_OK;
     for (int i = 0; i < spec->n_inputs && !rc; i++) {
-        const ep_io_spec *s = &spec->inputs[i];
+        const ep_io_spec item = item_spec(&spec->inputs[i], e->items), *s = &item;
+        size_t share = inputs[i].nbytes / (size_t)e->items;
+        ep_tensor in = inputs[i];
+        in.data = (unsigned char *)inputs[i].data + share * (size_t)k;
+        in.nbytes = share;
+        in.shape[0] = s->shape[0];
         long long rows = id_rows_of(spec, i);
-        int ids = rows > 0 && (inputs[i].dtype == EP_I64 || inputs[i].dtype == EP_I32);
-        if (inputs[i].dtype != EP_F32 && !ids) {
+        int ids = rows > 0 && (in.dtype == EP_I64 || in.dtype == EP_I32);
+        if (in.dtype != EP_F32 && !ids) {
             rc = ep_fail(st, EP_ERR_INPUT, "input %s: ncnn artifacts take float32%s", s->name,
                          rows > 0 ? " or integer ids" : "");
             break;
@@ -453,10 +488,10 @@ static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, e
                        : dims == 2 ? ncnn_mat_create_2d(w, h, a)
                        : dims == 3 ? ncnn_mat_create_3d(w, h, c, a)
                                    : ncnn_mat_create_4d(w, h, d, c, a);
-        const float *src = (const float *)inputs[i].data;
+        const float *src = (const float *)in.data;
         size_t plane = (size_t)w * h * d;
         if (ids) {
-            rc = ids_to_words(s, &inputs[i], rows, (int32_t *)ncnn_mat_get_data(m), plane, st);
+            rc = ids_to_words(s, &in, rows, (int32_t *)ncnn_mat_get_data(m), plane, st);
         } else if (dims <= 2) {
             memcpy(ncnn_mat_get_data(m), src, plane * sizeof(float));
         } else {
@@ -479,7 +514,7 @@ static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, e
         int dims = ncnn_mat_get_dims(m);
         size_t plane = (size_t)w * (dims >= 2 ? h : 1) * (dims >= 4 ? d : 1);
         size_t chans = dims >= 3 ? (size_t)c : 1;
-        size_t want = outputs[i].nbytes / sizeof(float);
+        size_t want = outputs[i].nbytes / (size_t)e->items / sizeof(float);
         if (ncnn_mat_get_elemsize(m) != 4 || ncnn_mat_get_elempack(m) != 1) {
             rc = ep_fail(st, EP_ERR_MODEL, "output %s: unexpected ncnn layout (elemsize %zu, pack %d)", s->name,
                          ncnn_mat_get_elemsize(m), ncnn_mat_get_elempack(m));
@@ -489,7 +524,7 @@ static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, e
         } else if (outputs[i].dtype != EP_F32) {
             rc = ep_fail(st, EP_ERR_MODEL, "output %s: ncnn artifacts produce float32", s->name);
         } else {
-            float *dst = (float *)outputs[i].data;
+            float *dst = (float *)outputs[i].data + want * (size_t)k;
             if (dims <= 2) {
                 memcpy(dst, ncnn_mat_get_data(m), want * sizeof(float));
             } else {
@@ -500,6 +535,13 @@ static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, e
         ncnn_mat_destroy(m);
     }
     ncnn_extractor_destroy(ex);
+    return rc;
+}
+
+static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, ep_status *st) {
+    ncnn_engine *e = handle;
+    int rc = EP_OK;
+    for (int k = 0; k < e->items && !rc; k++) rc = run_item(e, inputs, outputs, k, st);
     trace("ran");
     return rc;
 }

@@ -28,6 +28,7 @@ RUNGS = ("fp16-arith", "fp16-storage", "fp32")
 class NcnnBackend:
     name = "ncnn"
     thread_safe = True  # every shared step (conversion, libncnn, pruning) is guarded by cache file locks
+    runs_items = True   # no batch axis in ncnn: a batch of N runs the batch-1 graph once per item (batch_items.py)
 
     def unsupported_ops(self, model: LoadedModel) -> dict[str, list[str]]:
         # after the exact rewrites conversion applies (a ReduceMax over trailing axes is a GlobalMaxPool)
@@ -98,6 +99,9 @@ class NcnnBackend:
         for i, (blob, b) in enumerate(zip(converted.output_blobs, converted.output_batch)):
             options[f"ncnn.out.{i}"] = blob
             options[f"ncnn.out_batch.{i}"] = b
+        if req.items > 1:
+            options["ncnn.items"] = str(req.items)
+            req.log(f"batch of {req.items}: the batch-1 graph runs once per item")
         return EngineBuild(
             backend=self.name,
             sources=(runtimes_dir() / "ncnn" / "ep_engine_ncnn.c", runtimes_dir() / "ncnn" / "ep_ncnn_pool.cc",
@@ -117,7 +121,8 @@ class NcnnBackend:
                       "fake_quant_folds": folds,
                       "dynamic_quant_folds": dq_folds,
                       "integer_gemvs_marked": gemvs,
-                      "weights_dedup": dedup.manifest() if dedup else None},
+                      "weights_dedup": dedup.manifest() if dedup else None,
+                      "batch_items": req.items},
             weight_bytes=sum(p.stat().st_size for p in blobs[1:]),  # embedded: stored bytes (+ map)
         )
 
