@@ -399,39 +399,68 @@ def _cases_on(cpu: str, prep: PreparedModel) -> dict[str, tuple[dict, dict]]:
 
 def _verify_runs(path: Path, target: Target, prep: PreparedModel, tol: Tolerance, vdir: Path, scales: dict,
                  step_done: Callable[[], None], log) -> Verification:
-    model = prep.model
-    checks, selftests = [], {}
-    for cpu in target.verify_cpus:
-        art = Artifact(path, cpu=cpu)
-        for label, (inputs, ref) in _cases_on(cpu, prep).items():
-            try:
-                got = art.predict({s.name: inputs[s.name] for s in model.inputs}, vdir / f"case-{len(checks)}")
-            except (ArtifactError, InputError) as exc:
-                raise _rejected(f"run failed on CPU {cpu}: {exc.message}", checks) from None
-            check = Check(cpu, label, tuple(compare(got, ref, tol, scales)))
-            checks.append(check)
+    """Each verification CPU's runs, one CPU per free core at a time: under qemu one inference of a real
+    model costs minutes (YOLO11s-seg: ~3.5 under each of arm64's two CPU models), and one CPU's runs
+    do not wait for another's. A CPU that rejects the build stops the others at their next run."""
+    cpus = list(target.verify_cpus)
+    stop, lock = threading.Event(), threading.Lock()
+
+    def done() -> None:
+        with lock:
             step_done()
-            w = check.worst()
-            log(f"{_runner(cpu)}, {label} input: {w.name} max error {w.max_abs_err:.2e} "
-                f"({w.rel_err:.2%} of scale), cosine {w.cosine if w.cosine is not None else '-'}")
-            if not check.ok:
-                raise _rejected(f"{path.name} disagrees with onnxruntime on output {w.name} ({_runner(cpu)}, "
-                                f"{label} input): {w.why()}", checks)
-        # one inference is enough to check the golden output (under qemu each costs seconds). The cases
-        # above ran on 1 thread; a device runs on its free cores, so under qemu the selftest runs on 2 and
-        # each CPU's kernels are also checked split between threads (natively, the thread-cap timing
-        # selftests every count it times: thread_policy.py)
-        threads = "1" if cpu == NATIVE else "2"
-        st = art.run(["selftest", "--threads", threads, "--runs", "1", "--warmup", "0"], check=False)
-        selftests[cpu] = st.stdout.strip()
-        step_done()
-        if st.returncode != 0:
-            raise _rejected(f"{path.name} selftest failed on CPU {cpu}: {selftests[cpu] or _tail(st.stderr)}", checks)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(cpus), len(os.sched_getaffinity(0))))) as pool:
+        results = list(pool.map(lambda cpu: _verify_on(cpu, path, prep, tol, vdir, scales, done, log, stop), cpus))
+    checks = [c for runs, _, _ in results for c in runs]
+    for _, _, error in results:  # the first CPU's rejection, in the target's order
+        if error:
+            raise _rejected(error, checks)
     # baked detection: the artifact's boxes on test-made images vs the numpy reference (issue 13)
     from .prepost.verify import check_detections
-    check_detections(path, model, target.verify_cpus, vdir / "detect", prep.verify_cases["realistic"][0], log,
+    check_detections(path, prep.model, target.verify_cpus, vdir / "detect", prep.verify_cases["realistic"][0], log,
                      tuple(checks))
-    return Verification(tuple(checks), selftests)
+    return Verification(tuple(checks), {cpu: selftest for cpu, (_, selftest, _) in zip(cpus, results)})
+
+
+def _verify_on(cpu: str, path: Path, prep: PreparedModel, tol: Tolerance, vdir: Path, scales: dict,
+               step_done: Callable[[], None], log, stop: threading.Event) -> tuple[list, str, str | None]:
+    """One CPU's runs: (its checks, its selftest's answer, why it rejects the build or None). Sets
+    ``stop`` on a rejection, and runs nothing more once it is set."""
+    art, checks = Artifact(path, cpu=cpu), []
+
+    def rejects(why: str) -> tuple[list, str, str]:
+        stop.set()
+        return checks, "", why
+
+    for label, (inputs, ref) in _cases_on(cpu, prep).items():
+        if stop.is_set():
+            return checks, "", None
+        try:
+            got = art.predict({s.name: inputs[s.name] for s in prep.model.inputs}, vdir / f"{cpu}-{label}")
+        except (ArtifactError, InputError) as exc:
+            return rejects(f"run failed on CPU {cpu}: {exc.message}")
+        check = Check(cpu, label, tuple(compare(got, ref, tol, scales)))
+        checks.append(check)
+        step_done()
+        w = check.worst()
+        log(f"{_runner(cpu)}, {label} input: {w.name} max error {w.max_abs_err:.2e} "
+            f"({w.rel_err:.2%} of scale), cosine {w.cosine if w.cosine is not None else '-'}")
+        if not check.ok:
+            return rejects(f"{path.name} disagrees with onnxruntime on output {w.name} ({_runner(cpu)}, "
+                           f"{label} input): {w.why()}")
+    if stop.is_set():
+        return checks, "", None
+    # one inference is enough to check the golden output (under qemu each costs seconds). The cases
+    # above ran on 1 thread; a device runs on its free cores, so under qemu the selftest runs on 2 and
+    # each CPU's kernels are also checked split between threads (natively, the thread-cap timing
+    # selftests every count it times: thread_policy.py)
+    threads = "1" if cpu == NATIVE else "2"
+    st = art.run(["selftest", "--threads", threads, "--runs", "1", "--warmup", "0"], check=False)
+    step_done()
+    if st.returncode != 0:
+        stop.set()
+        return checks, st.stdout.strip(), f"{path.name} selftest failed on CPU {cpu}: {st.stdout.strip() or _tail(st.stderr)}"
+    return checks, st.stdout.strip(), None
 
 
 def _rejected(message: str, checks: list) -> VerificationError:
