@@ -20,7 +20,6 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import EdgepackError
 from .model import LoadedModel, resolve_output_shapes
 from .reference import POLICY, compare, random_inputs, run_onnxruntime
 
@@ -53,7 +52,7 @@ def per_item_model(model: LoadedModel, given: LoadedModel,
         return None
     try:
         item = prepare_at({s.name: _item_shape(tuple(s.shape)) for s in given.inputs})
-    except EdgepackError:
+    except Exception:  # noqa: BLE001  (a failure here costs the per-item path only, never the build)
         return None
     if ([(s.name, s.dtype, _item_shape(tuple(s.shape))) for s in model.inputs]
             != [(s.name, s.dtype, tuple(s.shape)) for s in item.inputs]
@@ -64,7 +63,7 @@ def per_item_model(model: LoadedModel, given: LoadedModel,
     try:
         whole = run_onnxruntime(model, items, f"{n} seeded random items")
         answer = run_onnxruntime(item, first, "the first of them alone")
-    except EdgepackError:
+    except Exception:  # noqa: BLE001
         return None
     item = resolve_output_shapes(item, answer)
     if ([(s.dtype, _item_shape(tuple(s.shape))) for s in model.outputs]
