@@ -13,8 +13,8 @@ too (it marks every Gemm of constant B in a lowered graph) and which must fall b
 On AVX2 CPUs (natively, capped with EDGEPACK_NCNN_OPTIONS=isa=avx2, and qemu's Haswell) the library says
 both layers took integer sums — on VNNI CPUs byte quads (vpdpbusd): uint8 A (shifted into [0, 255], the
 shift's share taken back through B's column sums) x int8 B where B fits int8, else int8 A x uint8 B (both
-shifted; A's row sums take back B's share); int16 pairs on other AVX2 CPUs, B kept as int8 or (shifted,
-the shift taken back through A's row sums) uint8 bytes and widened in the kernel —
+shifted; A's row sums take back B's share); int16 pairs on other AVX2 CPUs, B kept as bytes (each
+8-column block shifted into [0, 255]) and widened back block by block —
 and the second fell back; on SSE CPUs (capped with isa=sse, qemu's Nehalem)
 neither is taken and ncnn's fp32 Gemm runs. The quantised head's outputs are the same bits on every CPU
 and thread count: its integer sums are exact either way."""
@@ -42,7 +42,7 @@ def _expected_mode(cpu: str, fits_int8: bool) -> str | None:
     int8 (they span 255 at most either way), None for ncnn's fp32 Gemm: on CPUs with AVX-512 VNNI (a cap
     to AVX2 removes it) or AVX-VNNI (a cap to AVX2 keeps it: Alder Lake's kind) vpdpbusd, uint8 A x int8
     B where B fits int8, else int8 A x uint8 B (B shifted); vpmaddwd (int16 pairs) on other AVX2 CPUs, of
-    B kept as int8 bytes where it fits, else as uint8 (shifted)."""
+    B kept as bytes."""
     flags = host_cpu_flags()
     if cpu == "Haswell-noTSX" or cpu in ("native", "native isa=avx2") and "avx2" in flags:
         isa = "AVX2"
@@ -51,7 +51,7 @@ def _expected_mode(cpu: str, fits_int8: bool) -> str | None:
         elif cpu.startswith("native") and "avx_vnni" in flags:
             isa = "AVX-VNNI"
         if isa == "AVX2":
-            return f"int16 pairs of {'int8' if fits_int8 else 'uint8'} B, AVX2"
+            return "int16 pairs, B as bytes, AVX2"
         return f"{'uint8 x int8' if fits_int8 else 'int8 x uint8'}, {isa}"
     return None   # "native isa=sse", Nehalem
 

@@ -42,11 +42,13 @@ at most (uint8 weights less their zero point: quantize_dynamic's QUInt8) goes in
 B + shift, and A as the signed one, A + off in [-128, 127]; A's row sums (taken while converting it) then
 take back B's shift (version 10). ddddocr_old_int8's 8210 x 1024 classifier: 14.5 -> 12.1 ms on 1 thread
 (onnxruntime 7.4).
-On AVX2 CPUs without VNNI, B is kept as bytes in the int16 pairs' order ([N/8][K2][8][2]: int8 where it
-fits, else uint8 of B + shift with A's row sums taking the shift back) and widened to int16 in the
-register by the kernels (version 12): the same vpmaddwd sums from half the bytes. ddddocr_old_int8's
-classifier streams its 8.4M weights from memory every run; in a kernel-only benchmark on a Zen 3 EPYC
-(20 x 1024 x 8208) bytes ran at 69-71 GMAC/s against 58-61 for int16 pairs. (vpmaddubsw would take the
+On AVX2 CPUs without VNNI, B is kept as bytes in the int16 pairs' order ([N/8][K2][8][2]:
+uint8 of B + shift, one shift per 8-column block: B goes to bytes block by block as it is packed, so its
+whole int16 packing never exists) and each thread widens the block it works on back to int16
+pairs (less the shift) into a scratch of its own, which the int16 kernels read for every row block
+(version 12): the same sums, B in half the bytes, and from memory half the traffic (a first version
+widened inside the kernels; the column kernel's lane-crossing broadcasts made smart_turn_v3 1.7x
+slower). (vpmaddubsw would take the
 bytes directly, at twice the products per instruction, but it adds each pair in int16 and saturates:
 onnxruntime's AVX2 u8s8 kernel does, so its sums are not always exact.)
 Only x86 builds compile this file, so only their cache key carries INT8_GEMM_PATCH_KEY.
@@ -73,9 +75,10 @@ _DECL_NEW = """public:
     int ep_isa;    // the sums' instructions: 0 AVX2 (vpmaddwd), 1 AVX-VNNI, 2 AVX-512 VNNI (vpdpwssd)
     int ep_u8;     // byte quads, on VNNI CPUs (vpdpbusd): 1 B fits int8, A goes in as uint8 (shifted); 2 B spans
                    // at most 255, goes in as uint8 (B + ep_bshift), A as int8 (shifted); 0 int16 pairs
-    int ep_bshift; // ep_u8 == 2 or ep_wb == 2: what B is shifted by
-    int ep_wb;     // AVX2 without VNNI: B kept as bytes in the int16 pairs' order ([N/8][K2][8][2]), widened by the
-                   // kernels: 1 int8 (B fits), 2 uint8 of B + ep_bshift (B spans at most 255); 0 int16 pairs
+    int ep_bshift; // ep_u8 == 2: what B is shifted by
+    int ep_wb;     // 1: AVX2 without VNNI, B kept as bytes in the int16 pairs' order ([N/8][K2][8][2]), each 8-column
+                   // block shifted by ep_wshift[block] into [0, 255], widened block by block for the int16 kernels
+    Mat ep_wshift; // ep_wb: each block's shift
     Mat ep_b;      // B as int16, [N/8][K2][8][2], K2 = K/2 rounded up to an even count; or (ep_u8) bytes, [N/8][K4][8][4];
                    // or (ep_wb) bytes, [N/8][K2][8][2]
     Mat ep_colsum; // ep_u8: B's column sums (unshifted; the correction for A's shift)
@@ -218,97 +221,31 @@ static const ep_i16_kernels ep_u8k[2][3] = {
      {"AVX-512 VNNI", ep_i16_cols_avx512vnni_s8, ep_i16_rows_avx512vnni_s8<8>, ep_i16_rows_avx512vnni_s8<4>, ep_i16_rows_avx512vnni_s8<1>}},
 };
 
-// The int16 kernels with B kept as bytes in the same order (ep_wb), on AVX2 CPUs without VNNI: each
-// step's 8 columns' pairs are 16 bytes, widened to int16 pairs (CVT: sign- or zero-extended) in the
-// register, so B takes half the bytes and half the memory traffic of int16 pairs; the sums are the same
-// vpmaddwd ones. (vpmaddubsw would take the bytes as they are, but it adds each pair in int16 and
-// saturates.) The column kernel broadcasts each column's pair from the widened register.
-#define EP_WB_KERNELS(NAME, CVT) \
-template<int R> \
-__attribute__((target("avx2"))) static void ep_wb_rows_##NAME(const short* a, const short* b, int K2, int* out) \
-{ \
-    const unsigned char* bb = (const unsigned char*)b; \
-    __m256i acc[R]; \
-    for (int r = 0; r < R; r++) \
-        acc[r] = _mm256_setzero_si256(); \
-    for (int q = 0; q < K2; q++) \
-    { \
-        const __m256i bv = CVT(_mm_loadu_si128((const __m128i*)(bb + (size_t)q * 16))); \
-        for (int r = 0; r < R; r++) \
-        { \
-            int a2; \
-            __builtin_memcpy(&a2, a + (size_t)q * 16 + r * 2, 4); \
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_set1_epi32(a2), bv)); \
-        } \
-    } \
-    for (int r = 0; r < R; r++) \
-        _mm256_storeu_si256((__m256i*)(out + r * 8), acc[r]); \
-} \
-__attribute__((target("avx2"))) static void ep_wb_cols_##NAME(const short* a, const short* b, int K2, int* out) \
-{ \
-    const unsigned char* bb = (const unsigned char*)b; \
-    __m256i acc[8]; \
-    for (int j = 0; j < 8; j++) \
-        acc[j] = _mm256_setzero_si256(); \
-    for (int q = 0; q < K2; q++) \
-    { \
-        const __m256i av = _mm256_loadu_si256((const __m256i*)(a + (size_t)q * 16)); \
-        const __m256i bw = CVT(_mm_loadu_si128((const __m128i*)(bb + (size_t)q * 16))); \
-        const __m256i lo = _mm256_permute2x128_si256(bw, bw, 0x00), hi = _mm256_permute2x128_si256(bw, bw, 0x11); \
-        acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(av, _mm256_shuffle_epi32(lo, 0x00))); \
-        acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(av, _mm256_shuffle_epi32(lo, 0x55))); \
-        acc[2] = _mm256_add_epi32(acc[2], _mm256_madd_epi16(av, _mm256_shuffle_epi32(lo, 0xaa))); \
-        acc[3] = _mm256_add_epi32(acc[3], _mm256_madd_epi16(av, _mm256_shuffle_epi32(lo, 0xff))); \
-        acc[4] = _mm256_add_epi32(acc[4], _mm256_madd_epi16(av, _mm256_shuffle_epi32(hi, 0x00))); \
-        acc[5] = _mm256_add_epi32(acc[5], _mm256_madd_epi16(av, _mm256_shuffle_epi32(hi, 0x55))); \
-        acc[6] = _mm256_add_epi32(acc[6], _mm256_madd_epi16(av, _mm256_shuffle_epi32(hi, 0xaa))); \
-        acc[7] = _mm256_add_epi32(acc[7], _mm256_madd_epi16(av, _mm256_shuffle_epi32(hi, 0xff))); \
-    } \
-    for (int j = 0; j < 8; j++) \
-        _mm256_storeu_si256((__m256i*)(out + j * 8), acc[j]); \
+// One 8-column block of B kept as bytes (ep_wb) widened back to int16 pairs, less its shift: n bytes
+// (a multiple of 16) from src to dst
+__attribute__((target("avx2"))) static void ep_widen_b(const unsigned char* src, size_t n, int shift, short* dst)
+{
+    const __m256i s = _mm256_set1_epi16((short)shift);
+    for (size_t i = 0; i < n; i += 16)
+        _mm256_storeu_si256((__m256i*)(dst + i), _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(src + i))), s));
 }
-EP_WB_KERNELS(s8, _mm256_cvtepi8_epi16)
-EP_WB_KERNELS(u8, _mm256_cvtepu8_epi16)
-// indexed [ep_wb - 1]
-static const ep_i16_kernels ep_wbk[2] = {
-    {"AVX2", ep_wb_cols_s8, ep_wb_rows_s8<8>, ep_wb_rows_s8<4>, ep_wb_rows_s8<1>},
-    {"AVX2", ep_wb_cols_u8, ep_wb_rows_u8<8>, ep_wb_rows_u8<4>, ep_wb_rows_u8<1>},
-};
 
-// B packed as int16 pairs (as create_pipeline packs it, K2 pairs a column) repacked as bytes in the same
-// order: int8 when every value fits (returns 1), else uint8 of B + shift when B spans at most 255 (returns
-// 2; the padding pairs stay 0: A is 0 there); 0 (b untouched) when it spans more
-static int ep_b_to_pair_bytes(Mat& b, int K, int K2, int NB, int* shift)
+// One 8-column block of B as int16 pairs (n values) to bytes, each value + shift (the block's least value
+// taken to 0); 0 when the block spans more than 255
+static int ep_narrow_b(const short* src, size_t n, unsigned char* dst, int* shift)
 {
     int lo = 0, hi = 0;
-    for (int nb = 0; nb < NB; nb++)
+    for (size_t i = 0; i < n; i++)
     {
-        const short* p = (const short*)b.row<const unsigned char>(nb);
-        for (size_t i = 0; i < (size_t)K2 * 16; i++)
-        {
-            lo = std::min(lo, (int)p[i]);
-            hi = std::max(hi, (int)p[i]);
-        }
+        lo = std::min(lo, (int)src[i]);
+        hi = std::max(hi, (int)src[i]);
     }
-    const int mode = lo >= -128 && hi <= 127 ? 1 : hi - lo <= 255 ? 2 : 0;
-    if (!mode)
+    if (hi - lo > 255)
         return 0;
-    *shift = mode == 2 ? -lo : 0;
-    Mat b8(K2 * 16, NB, (size_t)1u, (Allocator*)0);
-    if (b8.empty())
-        return 0;
-    for (int nb = 0; nb < NB; nb++)
-    {
-        const short* p = (const short*)b.row<const unsigned char>(nb);
-        unsigned char* q = b8.row<unsigned char>(nb);
-        for (size_t i = 0; i < (size_t)K2 * 16; i++)
-        {
-            const int k = (int)(i / 16) * 2 + (int)(i % 2);
-            q[i] = k < K ? (unsigned char)(p[i] + *shift) : 0;
-        }
-    }
-    b = b8;
-    return mode;
+    *shift = -lo;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (unsigned char)(src[i] - lo);
+    return 1;
 }
 
 // 16 rows (two A blocks of 8) times one 8-column block of B on AVX-512 VNNI, column by column in 512-bit
@@ -373,16 +310,6 @@ __attribute__((target("avx2"))) static int ep_a16_block_packed(const float* base
         _mm256_storeu_si256((__m256i*)(dst + (size_t)(k / 2) * 16), pair);
     }
     return _mm256_movemask_ps(good) == 0xff;
-}
-
-// The 8 row sums of one int16 block of A ([K2][8][2]), for ep_wb == 2's correction
-__attribute__((target("avx2"))) static void ep_a16_rowsums(const short* a, int K2, int* rowsum)
-{
-    __m256i sum = _mm256_setzero_si256();
-    const __m256i one = _mm256_set1_epi16(1);
-    for (int q = 0; q < K2; q++)
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)(a + (size_t)q * 16)), one));
-    _mm256_storeu_si256((__m256i*)rowsum, sum);
 }
 
 // One block of 8 rows of a packed A (as above): 1 while every value is an integer in [-255, 255], and
@@ -515,8 +442,8 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     // the shifted values are Sum (A + off)(B + bshift) = Sum AB + off Sum B + bshift Sum A + K off bshift, so
     // off times the column's sum of B (+ K off bshift) and bshift times the row's sum of A are taken back
     int off = 0;
-    Mat rowsum; // ep_u8, ep_wb == 2: A's row sums
-    if (ep_u8 || ep_wb == 2)
+    Mat rowsum; // ep_u8: A's row sums
+    if (ep_u8)
     {
         rowsum.create(MB * 8, (size_t)4u, opt.workspace_allocator);
         if (rowsum.empty())
@@ -601,8 +528,6 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
             {
                 blk_ok[blk] = ep_a16_block_packed(a_row(blk * 8), ep, K, dst);
                 memset(dst + (size_t)((K + 1) / 2) * 16, 0, (size_t)(K2 - (K + 1) / 2) * 32); // the padding pair
-                if (ep_wb == 2)
-                    ep_a16_rowsums(dst, K2, (int*)rowsum.data + blk * 8);
                 continue;
             }
             memset(dst, 0, (size_t)K2 * 32);
@@ -620,8 +545,6 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
                     dst[(size_t)(k / 2) * 16 + r * 2 + k % 2] = (short)(int)v;
                 }
             }
-            if (ep_wb == 2)
-                ep_a16_rowsums(dst, K2, (int*)rowsum.data + blk * 8);
         }
         for (int blk = 0; blk < MB; blk++)
             ok &= blk_ok[blk];
@@ -653,22 +576,33 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     const int c_type = constantC ? constant_broadcast_type_C : -1;
     const float* c_data = c_type == -1 ? 0 : (const float*)CT_data.data;
 
-    const ep_i16_kernels& kernels = ep_u8 ? ep_u8k[ep_u8 - 1][ep_isa] : ep_wb ? ep_wbk[ep_wb - 1] : ep_i16[ep_isa];
+    const ep_i16_kernels& kernels = ep_u8 ? ep_u8k[ep_u8 - 1][ep_isa] : ep_i16[ep_isa];
     // B's value at depth k, column j of an 8-column block (the fp32 loop's; 0 past K)
     auto b_at = [&](const short* b, int k, int j) {
         if (ep_u8 == 2)
             return (float)((int)((const unsigned char*)b)[(size_t)(k / 4) * 32 + j * 4 + k % 4] - ep_bshift);
-        if (ep_wb)
-        {
-            const unsigned char v = ((const unsigned char*)b)[(size_t)(k / 2) * 16 + j * 2 + k % 2];
-            return ep_wb == 1 ? (float)(signed char)v : (float)((int)v - ep_bshift);
-        }
+
         return ep_u8 ? (float)((const signed char*)b)[(size_t)(k / 4) * 32 + j * 4 + k % 4] : (float)b[(size_t)(k / 2) * 16 + j * 2 + k % 2];
     };
+    // ep_wb: each thread widens the block of B it works on into its own int16 scratch, read from there by
+    // every row block (bytes come from memory, int16 pairs from cache)
+    Mat b_wide;
+    if (ep_wb)
+    {
+        b_wide.create(K2 * 32, opt.num_threads, (size_t)1u, opt.workspace_allocator);
+        if (b_wide.empty())
+            return -100;
+    }
     #pragma omp parallel for num_threads(opt.num_threads)
     for (int nb = 0; nb < NB; nb++)
     {
         const short* b = (const short*)ep_b.row<const unsigned char>(nb);
+        if (ep_wb)
+        {
+            short* w = (short*)b_wide.row<unsigned char>(get_omp_thread_num());
+            ep_widen_b((const unsigned char*)b, (size_t)K2 * 16, ((const int*)ep_wshift.data)[nb], w);
+            b = w;
+        }
         const int cols = std::min(8, N - nb * 8);
         int acc[16 * 8];
         // ep_u8: the shifts' shares (above), in unsigned arithmetic: the terms may pass 2^31, the sum
@@ -682,7 +616,7 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
         }
         // sums + j * j_step + r * r_step for columns j < 8, rows m0 + r, r < rows: less the shifts' shares
         auto correct = [&](int* sums, int j_step, int r_step, int m0, int rows) {
-            if (!ep_u8 && ep_wb != 2)
+            if (!ep_u8)
                 return;
             for (int r = 0; r < rows; r++)
             {
@@ -797,14 +731,24 @@ _PACK_NEW = """#if __AVX__
         const int K = constantK;
         const int K2 = (K + 3) / 4 * 2; // pairs, an even count (ep_b is packed the same way)
         const int NB = (N + 7) / 8;
-        ep_b.create(K2 * 32, NB, (size_t)1u, (Allocator*)0);
+        ep_isa = cpu_support_x86_avx512_vnni() ? 2 : cpu_support_x86_avx_vnni() ? 1 : 0;
+        // AVX2 without VNNI: B goes to bytes block by block, through an int16 scratch per thread, so the
+        // int16 packing of the whole B never exists (ddddocr_old_int8's classifier: 16.8 MB)
+        ep_wb = ep_isa == 0;
+        ep_b.create(ep_wb ? K2 * 16 : K2 * 32, NB, (size_t)1u, (Allocator*)0);
         Mat ep_bad(NB, (size_t)4u, (Allocator*)0);
-        if (ep_b.empty() || ep_bad.empty())
+        Mat scratch;
+        if (ep_wb)
+        {
+            ep_wshift.create(NB, (size_t)4u, (Allocator*)0);
+            scratch.create(K2 * 32, opt.num_threads, (size_t)1u, (Allocator*)0);
+        }
+        if (ep_b.empty() || ep_bad.empty() || (ep_wb && (ep_wshift.empty() || scratch.empty())))
             return -100;
         #pragma omp parallel for num_threads(opt.num_threads)
         for (int nb = 0; nb < NB; nb++)
         {
-            short* b = (short*)ep_b.row<unsigned char>(nb);
+            short* b = (short*)(ep_wb ? scratch.row<unsigned char>(get_omp_thread_num()) : ep_b.row<unsigned char>(nb));
             int fail = 0;
             for (int j = 0; j < 8 && !fail; j++)
             {
@@ -816,10 +760,12 @@ _PACK_NEW = """#if __AVX__
                     b[(size_t)(k / 2) * 16 + j * 2 + k % 2] = fail ? 0 : (short)(int)v;
                 }
             }
+            // a block spanning more than 255 cannot be bytes: ncnn's fp32 Gemm takes the layer
+            if (ep_wb && !fail)
+                fail = !ep_narrow_b(b, (size_t)K2 * 16, ep_b.row<unsigned char>(nb), (int*)ep_wshift.data + nb);
             ((int*)ep_bad.data)[nb] = fail;
         }
         ep_int8 = 1;
-        ep_isa = cpu_support_x86_avx512_vnni() ? 2 : cpu_support_x86_avx_vnni() ? 1 : 0;
         for (int nb = 0; nb < NB; nb++)
             ep_int8 &= !((const int*)ep_bad.data)[nb];
         if (ep_int8)
@@ -827,16 +773,16 @@ _PACK_NEW = """#if __AVX__
             B_data.release();
             if (ep_isa > 0)
                 ep_u8 = ep_b_to_bytes(ep_b, ep_colsum, K, NB, &ep_bshift);
-            else
-                ep_wb = ep_b_to_pair_bytes(ep_b, K, K2, NB, &ep_bshift);
             if (ep_int8_trace())
                 NCNN_LOGE("edgepack int8 gemm: %d x %d taken (%s, %s)", N, K,
-                          ep_u8 == 1 ? "uint8 x int8" : ep_u8 == 2 ? "int8 x uint8" : ep_wb == 1 ? "int16 pairs of int8 B"
-                          : ep_wb == 2 ? "int16 pairs of uint8 B" : "int16 pairs", ep_i16[ep_isa].name);
+                          ep_u8 == 1 ? "uint8 x int8" : ep_u8 == 2 ? "int8 x uint8" : ep_wb ? "int16 pairs, B as bytes"
+                          : "int16 pairs", ep_i16[ep_isa].name);
         }
         else
         {
             ep_b.release();
+            ep_wshift.release();
+            ep_wb = 0;
         }
     }
 #endif // __AVX__
