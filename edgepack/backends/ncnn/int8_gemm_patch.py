@@ -65,7 +65,7 @@ INT8_GEMM_PATCH_VERSION = 12  # 2: A converted 8 rows a block (AVX2 for elempack
 # 7: 16 x 8 blocks in 512-bit registers on AVX-512 VNNI; 8: one store of column blocks for both (same code);
 # 9: B that fits int8 as int8 quads, A as uint8 + an offset, vpdpbusd on VNNI CPUs; 10: B spanning 255 or less
 # as uint8 (shifted), A as int8 (shifted); 11: A converted in parallel, block by block; 12: on AVX2 CPUs
-# without VNNI, B kept as bytes and widened in the kernels
+# without VNNI, B kept as bytes (a shift per 8-column block), widened block by block into a per-thread scratch
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
