@@ -170,6 +170,8 @@ static void release_after(weight_reader *r, const unsigned char *p, size_t n) {
     }
 }
 
+#define EP_READ_PIECE ((size_t)1 << 20)
+
 static size_t weight_read(ncnn_datareader_t dr, void *buf, size_t size) {
     (void)dr;
     weight_reader *r = tl_reader;
@@ -180,6 +182,10 @@ static size_t weight_read(ncnn_datareader_t dr, void *buf, size_t size) {
         row_of(r, r->row, &len, &off);
         size_t n = (size_t)(len - r->row_used);
         if (n > size - done) n = size - done;
+        /* a large weight is copied a MiB at a time, each piece's pages handed back before the next is
+         * read: in one memcpy, all of its source pages were resident beside the copy (ddddocr_old_int8's
+         * 16 MiB classifier put both at once into the load's peak) */
+        if (n > EP_READ_PIECE) n = EP_READ_PIECE;
         const unsigned char *src = r->base + off + r->row_used;
         memcpy((unsigned char *)buf + done, src, n);
         release_after(r, src, n);
