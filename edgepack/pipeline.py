@@ -30,6 +30,7 @@ from .cache import sha256_bytes, sha256_file
 from .control_flow import lower_if
 from .errors import ArtifactError, EdgepackError, InputError, ToolMissingError, UnsupportedOpError, VerificationError
 from .cut_outputs import trim_outputs
+from .isa_coverage import kernels_not_run, not_run_line
 from .loops import explicit_conditions, hoist_invariants, loop_refusal, static_loops
 from .model import LoadedModel, fix_input_shapes, load_model, resolve_output_shapes, simplify
 from .prepost import bake_prepost, prepost_config_exists, prepost_manifest, prepost_of
@@ -619,6 +620,8 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
             log(f"[{target.name}] verified in {time.monotonic() - t_stage:.1f} s: max error "
                 f"{verification.max_abs_err:.2e} (bound {verification.bound:.2e}, "
                 f"{verification.rel_err:.3%} of scale)")
+            if not_run := kernels_not_run(target):
+                log(not_run_line(target, not_run))
         out_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(staged, out_path)
         full = dict(manifest)
@@ -633,7 +636,8 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
                 "checks": [c.to_json() for c in verification.checks],
                 "selftest": next(iter(verification.selftests.values()), ""),
                 "selftests": verification.selftests,
-                "runner": ", ".join(_runner(c) for c in target.verify_cpus)}
+                "runner": ", ".join(_runner(c) for c in target.verify_cpus),
+                "not_run": list(kernels_not_run(target))}
         full["backend_choice"] = {"used": name, "skipped": list(reasons)}
         full["precision_choice"] = {
             "allowed": opts.precision, "kept": kept, "rejected": list(rejected),

@@ -89,6 +89,7 @@ def test_realistic_inputs_are_synthetic_scenes_in_range():
 
 # ---- real builds ------------------------------------------------------------------------------
 
+from clirun import host_cpu_flags  # noqa: E402
 from conftest import run_edgepack  # noqa: E402
 
 
@@ -121,7 +122,7 @@ def test_fp16_build_off_by_more_than_one_percent_ends_on_fp32(tmp_path):
     (rung,) = res["precision_rejected"]
     assert rung["precision"] == "fp16-storage" and rung["backend"] == "ncnn"
     assert rung["rel_err"] > 0.01, rung              # measured on the artifact, and recorded
-    assert res["rel_err"] < 1e-4 and set(res["per_cpu"]) == {"native", "Haswell-noTSX"}
+    assert res["rel_err"] < 1e-4 and set(res["per_cpu"]) == {"native", "Haswell-noTSX", "Denverton"}
     manifest = json.loads((tmp_path / "dist" / "cancel-x86_64.json").read_text())
     assert manifest["precision_rung"] == "fp32" and manifest["build"]["precision"] == "fp32"
     choice = manifest["precision_choice"]
@@ -150,7 +151,11 @@ def test_arm64_artifact_verified_without_and_with_fp16_arithmetic(tiny_artifacts
     assert [r["precision"] for r in m["precision_choice"]["rejected"]] == \
         ["fp16-arith", "fp16-storage", "fp32"][:["fp16-arith", "fp16-storage", "fp32"].index(kept)]
     x86 = json.loads(tiny_artifacts["x86_64"].with_name("tiny_cnn-x86_64.json").read_text())
-    assert set(x86["verification"]["per_cpu"]) == {"native", "Haswell-noTSX"}
+    assert set(x86["verification"]["per_cpu"]) == {"native", "Haswell-noTSX", "Denverton"}
+    # what no verification CPU ran is said: qemu has no AVX-512 or VNNI, so only this machine can run them
+    flags = host_cpu_flags()
+    assert x86["verification"]["not_run"] == [name for name, flag in (
+        ("AVX-512", "avx512f"), ("AVX-512 VNNI", "avx512_vnni"), ("AVX-VNNI", "avx_vnni")) if flag not in flags]
 
 
 def test_verification_rejects_a_perturbed_reference(tiny_artifacts, tiny_cnn, tmp_path):
