@@ -26,6 +26,7 @@
 ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_pool.cc */
 int ep_ncnn_register_layers(ncnn_net_t net);                      /* ep_ncnn_layers.cc */
 ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve);        /* ep_ncnn_pool.cc */
+int ep_ncnn_arena_stats(ncnn_allocator_t a, size_t *touched, size_t *live, size_t *live_peak);
 void ep_ncnn_load_reuse(int on); /* libncnn's src/allocator.cpp (load_reuse_patch.py) */
 #if defined(__x86_64__) /* isa_cap_patch.py patches x86_64 builds only */
 int ep_ncnn_cap_x86_isa(int level); /* libncnn's src/cpu.cpp (isa_cap_patch.py) */
@@ -237,13 +238,19 @@ static void vm_kb(long *rss, long *hwm) {
     fclose(f);
 }
 
-/* EDGEPACK_NCNN_TRACE=1: where the memory goes (issue 10 item 5), one stderr line per stage. */
-static void trace(const char *stage) {
+/* EDGEPACK_NCNN_TRACE=1: where the memory goes (issue 10 item 5), one stderr line per stage; with the
+ * arena (the default pool), how much of it was touched against the most its tensors held at once. */
+static void trace(const ncnn_allocator_t arena, const char *stage) {
     const char *t = getenv("EDGEPACK_NCNN_TRACE");
     if (!t || strcmp(t, "1") != 0) return;
     long rss, hwm;
     vm_kb(&rss, &hwm);
-    fprintf(stderr, "ncnn-trace: %s VmRSS=%ld kB VmHWM=%ld kB\n", stage, rss, hwm);
+    size_t touched, live, peak;
+    if (ep_ncnn_arena_stats(arena, &touched, &live, &peak) == 0)
+        fprintf(stderr, "ncnn-trace: %s VmRSS=%ld kB VmHWM=%ld kB arena touched=%zu kB held=%zu kB held-peak=%zu kB\n",
+                stage, rss, hwm, touched >> 10, live >> 10, peak >> 10);
+    else
+        fprintf(stderr, "ncnn-trace: %s VmRSS=%ld kB VmHWM=%ld kB\n", stage, rss, hwm);
 }
 
 /* ncnn's x86/Arm switches, from a comma-separated "key=value" list: winograd, sgemm, packing,
@@ -373,7 +380,7 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
         ncnn_close(e);
         return swrc;
     }
-    trace("start");
+    trace(e->blob_alloc, "start");
     e->net = ncnn_net_create();
     ncnn_net_set_option(e->net, e->opt);
     if (ep_ncnn_register_layers(e->net) != 0) {
@@ -400,7 +407,7 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
         return ep_fail(st, EP_ERR_MODEL, "ncnn consumed %zu of %zu weight bytes: .param and .bin disagree", used,
                        stream);
     }
-    trace("loaded");
+    trace(e->blob_alloc, "loaded");
     *out = e;
     return EP_OK;
 }
@@ -548,7 +555,7 @@ static int ncnn_run(void *handle, const ep_tensor *inputs, ep_tensor *outputs, e
     ncnn_engine *e = handle;
     int rc = EP_OK;
     for (int k = 0; k < e->items && !rc; k++) rc = run_item(e, inputs, outputs, k, st);
-    trace("ran");
+    trace(e->blob_alloc, "ran");
     return rc;
 }
 

@@ -80,7 +80,7 @@ private:
  * stays near the live peak. Pages once touched stay mapped, so a run after the first faults no page in
  * (that is what made plain malloc 1.5x slower). The arena is reserved, not committed
  * (MAP_NORESERVE): only touched pages count. Requests past its end fall back to ncnn::fastMalloc. */
-class ArenaPool : public ncnn::Allocator {
+class ArenaPool final : public ncnn::Allocator {
 public:
     ArenaPool(char *base, size_t cap) : base_(base), cap_(cap), top_(0) {}
     ~ArenaPool() override { munmap(base_, cap_); }
@@ -121,6 +121,8 @@ public:
             return ncnn::fastMalloc(size);  /* past the arena: ncnn's own, freed the same way */
         }
         lent_[at] = need;
+        live_ += need;
+        if (live_ > live_peak_) live_peak_ = live_;
         lock_.unlock();
         return base_ + at;
     }
@@ -134,6 +136,7 @@ public:
         if (it != lent_.end()) {  /* not lent (cannot happen with ncnn): ignore rather than corrupt */
             size_t at = it->first, size = it->second;
             lent_.erase(it);
+            live_ -= size;
             auto next = free_.lower_bound(at);
             if (next != free_.end() && at + size == next->first) {
                 size += next->second;
@@ -157,10 +160,15 @@ public:
     size_t free_blocks() const { return free_.size(); }
     size_t lent_blocks() const { return lent_.size(); }
     size_t top() const { return top_; }
+    /* bytes lent now and at most so far: against top(), how much of the touched arena fragmentation
+     * costs (EDGEPACK_NCNN_TRACE) */
+    size_t live() const { return live_; }
+    size_t live_peak() const { return live_peak_; }
 
 private:
     char *base_;
     size_t cap_, top_;        /* reserved bytes; end of the part ever handed out */
+    size_t live_ = 0, live_peak_ = 0;
     ncnn::Mutex lock_;
     std::map<size_t, size_t> free_;  /* offset -> bytes, merged with neighbours */
     std::map<size_t, size_t> lent_;  /* offset -> bytes */
@@ -169,6 +177,8 @@ private:
 ncnn::Allocator *of(ncnn_allocator_t a) { return static_cast<ncnn::Allocator *>(a->pthis); }
 void *c_malloc(ncnn_allocator_t a, size_t size) { return of(a)->fastMalloc(size); }
 void c_free(ncnn_allocator_t a, void *p) { of(a)->fastFree(p); }
+/* an arena's own entry point, so ep_ncnn_arena_stats can tell an arena from other pools (no RTTI) */
+void *c_arena_malloc(ncnn_allocator_t a, size_t size) { return static_cast<ArenaPool *>(of(a))->fastMalloc(size); }
 
 }  // namespace
 
@@ -188,6 +198,16 @@ extern "C" ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct) {
     return a;
 }
 
+/* An arena's touched bytes, lent bytes and most lent bytes so far; -1 when `a` is not an arena. */
+extern "C" int ep_ncnn_arena_stats(ncnn_allocator_t a, size_t *touched, size_t *live, size_t *live_peak) {
+    if (!a || a->fast_malloc != c_arena_malloc) return -1;
+    const ArenaPool *arena = static_cast<const ArenaPool *>(of(a));
+    *touched = arena->top();
+    *live = arena->live();
+    *live_peak = arena->live_peak();
+    return 0;
+}
+
 /* An ncnn_allocator_t over an ArenaPool reserving `reserve` bytes of address space; NULL when that
  * cannot be reserved (then the caller keeps the best-fit pool). */
 extern "C" ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve) {
@@ -201,7 +221,7 @@ extern "C" ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve) {
         return nullptr;
     }
     a->pthis = static_cast<ncnn::Allocator *>(pool);
-    a->fast_malloc = c_malloc;
+    a->fast_malloc = c_arena_malloc;
     a->fast_free = c_free;
     return a;
 }

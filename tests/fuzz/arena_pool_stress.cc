@@ -45,6 +45,24 @@ uint64_t next_random() {
     return rng_state;
 }
 
+size_t g_peak_seen = 0;  /* the most arena bytes lent at once, by this driver's own count */
+
+/* ep_ncnn_arena_stats (EDGEPACK_NCNN_TRACE's figures) against the driver's own count: the bytes lent
+ * from the arena (each request rounded as the arena rounds it), their peak, and the touched top */
+void check_stats(ncnn_allocator_t a, const std::vector<Block> &live, size_t step) {
+    const ArenaPool *pool = static_cast<const ArenaPool *>(static_cast<ncnn::Allocator *>(a->pthis));
+    size_t lent = 0;
+    for (const Block &b : live)
+        if (pool->owns(b.p))
+            lent += (b.n + NCNN_MALLOC_OVERREAD + NCNN_MALLOC_ALIGN - 1) / NCNN_MALLOC_ALIGN * NCNN_MALLOC_ALIGN;
+    if (lent > g_peak_seen) g_peak_seen = lent;
+    size_t touched, held, peak;
+    if (ep_ncnn_arena_stats(a, &touched, &held, &peak) != 0) fail("the arena's stats were refused", step);
+    if (held != lent) fail("the arena's held bytes disagree with the blocks lent", step);
+    if (peak != g_peak_seen) fail("the arena's held peak disagrees with the most lent at once", step);
+    if (touched < held) fail("the arena says it holds more than it touched", step);
+}
+
 /* one walk; the addresses handed out, in order */
 std::vector<uintptr_t> walk(ncnn_allocator_t a, size_t steps, uint64_t seed, size_t reserve) {
     rng_state = seed;
@@ -63,6 +81,7 @@ std::vector<uintptr_t> walk(ncnn_allocator_t a, size_t steps, uint64_t seed, siz
             memset(p, tag, n + NCNN_MALLOC_OVERREAD);
             live.push_back({p, n, tag});
             got.push_back(reinterpret_cast<uintptr_t>(p));
+            check_stats(a, live, s);
         } else {
             size_t i = (r >> 16) % live.size();
             Block b = live[i];
@@ -71,6 +90,7 @@ std::vector<uintptr_t> walk(ncnn_allocator_t a, size_t steps, uint64_t seed, siz
             a->fast_free(a, b.p);
             live[i] = live.back();
             live.pop_back();
+            check_stats(a, live, s);
         }
     }
     for (const Block &b : live) {
@@ -102,6 +122,11 @@ int main(int argc, char **argv) {
     }
     if (first.size() != second.size() || same != in_arena) fail("a second walk took other blocks", steps);
     if (pool->free_blocks() != 1 || pool->lent_blocks() != 0) fail("freed blocks did not merge back into one", steps);
+    ncnn_allocator_t other = ep_ncnn_best_fit_pool_create(100);
+    size_t t, h, pk;
+    if (!other || ep_ncnn_arena_stats(other, &t, &h, &pk) != -1) fail("a best-fit pool passed for an arena", steps);
+    delete static_cast<ncnn::Allocator *>(other->pthis);
+    free(other);
     printf("arena stress: %zu steps, %zu blocks from the arena, %zu past it, top %zu bytes\n", steps, in_arena,
            first.size() - in_arena, pool->top());
     delete static_cast<ncnn::Allocator *>(a->pthis);
