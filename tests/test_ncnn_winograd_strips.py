@@ -5,14 +5,24 @@ Two 3x3 convolutions on a 216 x 96 map: 32 -> 32 channels (ncnn's F(6,3)) and 32
 whole-map transformed inputs (4.7 and 6.0 MB) exceed two 2 MiB strips, so each runs as strips of tile rows,
 the last one partial (216 rows are 36 F(6,3) tiles, 54 F(4,3) tiles). On every x86 CPU model at 1 and 2
 threads: within 1e-4 of onnxruntime's scale, and the same bits on 1 and 2 threads. The strip arithmetic
-is checked against the same shapes."""
+is checked against the same shapes.
+
+im2col + GEMM (version 2): a 3x3 stride-2 layer (32 -> 64 from the same map, 6.0 MB of im2col) and a 5x5
+layer (64 -> 32 on its 108 x 48 output, 33 MB), with the direct kernel switched off so ncnn's im2col path
+runs them. The same checks, plus the arena's held-peak (EDGEPACK_NCNN_TRACE): the tensors alive at once
+must stay far below the 5x5 layer's whole-map im2col, which the unpatched library allocated at once."""
 from __future__ import annotations
+
+import os
+import re
+import subprocess
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgepack.backends.ncnn.winograd_strips_patch import STRIP_BYTES
+from edgepack.runner import command_for_cpu
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
 H, W = 216, 96
@@ -51,3 +61,49 @@ def test_winograd_strips_match_onnxruntime_on_every_x86_cpu(tmp_path):
     art = build_fp32_ncnn(model, tmp_path / "out")
     x = np.random.default_rng(9).standard_normal((1, 32, H, W)).astype(np.float32)
     assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path)
+
+
+def _im2col_model(path):
+    rng = np.random.default_rng(4)
+    w1 = (rng.standard_normal((64, 32, 3, 3)) * 0.08).astype(np.float32)
+    w2 = (rng.standard_normal((32, 64, 5, 5)) * 0.03).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], pads=[2, 2, 2, 2])]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(rng.standard_normal(64).astype(np.float32) * 0.1, "b1"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(rng.standard_normal(32).astype(np.float32) * 0.1, "b2")]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "im2col_strips", [helper.make_tensor_value_info("x", f, [1, 32, H, W])],
+                              [helper.make_tensor_value_info("y", f, [1, 32, H // 2, W // 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _im2col_bytes(k_values: int, out_pixels: int) -> int:
+    return k_values * out_pixels * 4
+
+
+def test_the_im2col_shapes_take_strips():
+    out_pixels = (H // 2) * (W // 2)
+    assert _im2col_bytes(32 * 9, out_pixels) > 2 * STRIP_BYTES      # the stride-2 layer: 6.0 MB
+    assert _im2col_bytes(64 * 25, out_pixels) > 8 * STRIP_BYTES     # the 5x5 layer: 33 MB
+
+
+def test_im2col_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
+    model = _im2col_model(tmp_path / "im2col.onnx")
+    art = build_fp32_ncnn(model, tmp_path / "out")
+    x = np.random.default_rng(11).standard_normal((1, 32, H, W)).astype(np.float32)
+    # direct=0: ncnn's own kernels, so both layers run as im2col + GEMM on every CPU
+    assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path, cpus=(
+        "native direct=0", "native isa=avx2,direct=0", "Haswell-noTSX direct=0", "Nehalem", "native isa=sse"))
+    st = subprocess.run(command_for_cpu(art, "native") + ["selftest", "--runs", "1", "--threads", "1"],
+                        capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "EDGEPACK_NCNN_OPTIONS": "direct=0", "EDGEPACK_NCNN_TRACE": "1"})
+    assert st.returncode == 0, st.stdout + st.stderr[-2000:]
+    peaks = [int(v) * 1024 for v in re.findall(r"held-peak=(\d+) kB", st.stderr)]
+    assert peaks, st.stderr[-2000:]
+    # alive at once: the input (2.7 MB), its padded copy (2.7 MB), the first layer's output (1.3 MB), a
+    # strip and the GEMM's tiles: 11.2 MB on an AVX2 host. The 5x5 layer's whole im2col alone is 33 MB
+    assert 2 << 20 < peaks[-1] < 16 << 20, peaks
