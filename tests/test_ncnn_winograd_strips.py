@@ -28,22 +28,30 @@ from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, buil
 H, W = 216, 96
 
 
-def _model(path):
-    rng = np.random.default_rng(3)
-    w1 = (rng.standard_normal((32, 32, 3, 3)) * 0.08).astype(np.float32)
-    w2 = (rng.standard_normal((64, 32, 3, 3)) * 0.08).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+def _two_convs(path, name, seed, convs, out_shape):
+    """x (1 x 32 x H x W) -> Conv -> Relu -> Conv -> y, each conv given as (weight shape, weight scale, its
+    Conv attributes); weights drawn first, then biases, from one seeded generator."""
+    rng = np.random.default_rng(seed)
+    w1, w2 = ((rng.standard_normal(shape) * scale).astype(np.float32) for shape, scale, _ in convs)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], **convs[0][2]),
              helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])]
-    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(rng.standard_normal(32).astype(np.float32) * 0.1, "b1"),
-             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(rng.standard_normal(64).astype(np.float32) * 0.1, "b2")]
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], **convs[1][2])]
+    inits = [numpy_helper.from_array(w1, "w1"),
+             numpy_helper.from_array(rng.standard_normal(w1.shape[0]).astype(np.float32) * 0.1, "b1"),
+             numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(rng.standard_normal(w2.shape[0]).astype(np.float32) * 0.1, "b2")]
     f = TensorProto.FLOAT
-    graph = helper.make_graph(nodes, "strips", [helper.make_tensor_value_info("x", f, [1, 32, H, W])],
-                              [helper.make_tensor_value_info("y", f, [1, 64, H, W])], inits)
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", f, [1, 32, H, W])],
+                              [helper.make_tensor_value_info("y", f, out_shape)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, path)
     return path
+
+
+def _model(path):
+    return _two_convs(path, "strips", 3, [((32, 32, 3, 3), 0.08, {"pads": [1, 1, 1, 1]}),
+                                          ((64, 32, 3, 3), 0.08, {"pads": [1, 1, 1, 1]})], [1, 64, H, W])
 
 
 def _transformed_bytes(m: int, cin: int) -> int:
@@ -64,21 +72,9 @@ def test_winograd_strips_match_onnxruntime_on_every_x86_cpu(tmp_path):
 
 
 def _im2col_model(path):
-    rng = np.random.default_rng(4)
-    w1 = (rng.standard_normal((64, 32, 3, 3)) * 0.08).astype(np.float32)
-    w2 = (rng.standard_normal((32, 64, 5, 5)) * 0.03).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], pads=[2, 2, 2, 2])]
-    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(rng.standard_normal(64).astype(np.float32) * 0.1, "b1"),
-             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(rng.standard_normal(32).astype(np.float32) * 0.1, "b2")]
-    f = TensorProto.FLOAT
-    graph = helper.make_graph(nodes, "im2col_strips", [helper.make_tensor_value_info("x", f, [1, 32, H, W])],
-                              [helper.make_tensor_value_info("y", f, [1, 32, H // 2, W // 2])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return _two_convs(path, "im2col_strips", 4,
+                      [((64, 32, 3, 3), 0.08, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+                       ((32, 64, 5, 5), 0.03, {"pads": [2, 2, 2, 2]})], [1, 32, H // 2, W // 2])
 
 
 def _im2col_bytes(k_values: int, out_pixels: int) -> int:

@@ -64,46 +64,12 @@ _CALLS_NEW = """        // edgepack (winograd_strips_patch.py): strips of rows w
 
 _HELPER_ANCHOR = "namespace ncnn {\n\n// edgepack (direct_conv_patch.py): direct 3x3"
 _HELPER = r'''// ---- edgepack (winograd_strips_patch.py) ----
-// run(in, out) on the whole map, or once per strip of output rows (a whole number of m-row tiles) where the
-// map's transformed input, (m + 2)^2 values per tile and input channel, exceeds two strips' worth; the input
-// strip is its output rows plus the two more a 3x3 window reads (in is padded: in.h == out.h + 2)
+// run(in_rows, out_rows) once per strip of strip_rows output rows (the last one partial), through views of
+// the blobs; the input view holds the rows the strip's windows read, (rows - 1) x stride + (kernel - 1) x
+// dilation + 1 of them (in is padded)
 template<class F>
-static int ep_winograd_strips(const Mat& in, Mat& out, int m, F run)
+static int ep_run_strips(const Mat& in, Mat& out, int strip_rows, int kernel_h, int dilation_h, int stride_h, F run)
 {
-    const size_t tile_values = (size_t)(m + 2) * (m + 2) * in.c * in.elempack;
-    const size_t row_bytes = tile_values * ((out.w + m - 1) / m) * sizeof(float); // one row of tiles
-    const int h_tiles = (out.h + m - 1) / m;
-    const size_t strip = EP_WINOGRAD_STRIP_BYTES;
-    if (in.dims != 3 || out.dims != 3 || in.h != out.h + 2 || row_bytes * h_tiles <= 2 * strip)
-        return run(in, out);
-    const int strip_tiles = std::max(1, (int)(strip / row_bytes));
-    for (int ty = 0; ty < h_tiles; ty += strip_tiles)
-    {
-        const int y0 = ty * m;
-        const int rows = std::min(strip_tiles * m, out.h - y0);
-        Mat in_rows(in.w, rows + 2, in.c, (unsigned char*)in.data + (size_t)y0 * in.w * in.elemsize, in.elemsize, in.elempack);
-        in_rows.cstep = in.cstep;
-        Mat out_rows(out.w, rows, out.c, (unsigned char*)out.data + (size_t)y0 * out.w * out.elemsize, out.elemsize, out.elempack);
-        out_rows.cstep = out.cstep;
-        const int ret = run(in_rows, out_rows);
-        if (ret != 0)
-            return ret;
-    }
-    return 0;
-}
-
-// run(in, out) on the whole map, or once per strip of output rows where the map's im2col, k_values floats
-// per output pixel (kernel size times input channels), exceeds two strips' worth; a strip reads the input
-// rows its output rows need (in is padded: its rows are those the windows read)
-template<class F>
-static int ep_gemm_strips(const Mat& in, Mat& out, int kernel_h, int dilation_h, int stride_h, size_t k_values, F run)
-{
-    const size_t row_bytes = k_values * out.w * sizeof(float); // one output row's im2col
-    const size_t strip = EP_WINOGRAD_STRIP_BYTES;
-    if (in.dims != 3 || out.dims != 3 || row_bytes * out.h <= 2 * strip
-            || in.h < (out.h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1)
-        return run(in, out);
-    const int strip_rows = std::max(1, (int)(strip / row_bytes));
     for (int y0 = 0; y0 < out.h; y0 += strip_rows)
     {
         const int rows = std::min(strip_rows, out.h - y0);
@@ -118,6 +84,36 @@ static int ep_gemm_strips(const Mat& in, Mat& out, int kernel_h, int dilation_h,
             return ret;
     }
     return 0;
+}
+
+// run(in, out) on the whole map, or once per strip of output rows (a whole number of m-row tiles) where the
+// map's transformed input, (m + 2)^2 values per tile and input channel, exceeds two strips' worth; the input
+// strip is its output rows plus the two more a 3x3 window reads (in is padded: in.h == out.h + 2)
+template<class F>
+static int ep_winograd_strips(const Mat& in, Mat& out, int m, F run)
+{
+    const size_t tile_values = (size_t)(m + 2) * (m + 2) * in.c * in.elempack;
+    const size_t row_bytes = tile_values * ((out.w + m - 1) / m) * sizeof(float); // one row of tiles
+    const int h_tiles = (out.h + m - 1) / m;
+    const size_t strip = EP_WINOGRAD_STRIP_BYTES;
+    if (in.dims != 3 || out.dims != 3 || in.h != out.h + 2 || row_bytes * h_tiles <= 2 * strip)
+        return run(in, out);
+    const int strip_tiles = std::max(1, (int)(strip / row_bytes));
+    return ep_run_strips(in, out, strip_tiles * m, 3, 1, 1, run);
+}
+
+// run(in, out) on the whole map, or once per strip of output rows where the map's im2col, k_values floats
+// per output pixel (kernel size times input channels), exceeds two strips' worth; a strip reads the input
+// rows its output rows need (in is padded: its rows are those the windows read)
+template<class F>
+static int ep_gemm_strips(const Mat& in, Mat& out, int kernel_h, int dilation_h, int stride_h, size_t k_values, F run)
+{
+    const size_t row_bytes = k_values * out.w * sizeof(float); // one output row's im2col
+    const size_t strip = EP_WINOGRAD_STRIP_BYTES;
+    if (in.dims != 3 || out.dims != 3 || row_bytes * out.h <= 2 * strip
+            || in.h < (out.h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1)
+        return run(in, out);
+    return ep_run_strips(in, out, std::max(1, (int)(strip / row_bytes)), kernel_h, dilation_h, stride_h, run);
 }
 // ---- end edgepack ----
 
