@@ -18,7 +18,7 @@ class Rebuild:
     artifact: Path
     original_sha256: str
     rebuilt_sha256: str
-    rebuilt_path: Path
+    rebuilt_path: Path | None  # kept only when the bytes differ, for a diff; None when identical
 
     @property
     def identical(self) -> bool:
@@ -95,6 +95,9 @@ def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=pri
         res = results[0]
         if not res.ok:
             raise ArtifactError(f"rebuilding {artifact.name} failed: {res.error}")
+        original, rebuilt = sha256_file(artifact), sha256_file(res.path)
+        if original == rebuilt:  # nothing to look at: the rebuild goes with the temporary folder
+            return Rebuild(Path(artifact), original, rebuilt, None)
         keep = Path(tempfile.mkdtemp(prefix="edgepack-rebuilt-")) / res.path.name
         res.path.replace(keep)
-        return Rebuild(Path(artifact), sha256_file(artifact), sha256_file(keep), keep)
+        return Rebuild(Path(artifact), original, rebuilt, keep)

@@ -40,6 +40,7 @@ def test_verify_build_rebuilds_identically(tiny_artifacts, tiny_cnn):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["identical"] and report["sha256"] == hashlib.sha256(art.read_bytes()).hexdigest()
+    assert report["rebuilt"] is None  # an identical rebuild is not left behind in the temporary folder
 
 
 def test_verify_build_rebuilds_each_target_of_a_verify_on_build(tiny_cnn, tmp_path):

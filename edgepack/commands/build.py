@@ -172,7 +172,7 @@ def verify_build_cmd(artifact, model, clean_cache, tuning_db, as_json):
     res = verify_build(artifact, model, clean_cache=clean_cache, tuning_db=tuning_db, log=log)
     if as_json:
         click.echo(json.dumps({"artifact": str(artifact), "identical": res.identical, "sha256": res.original_sha256,
-                               "rebuilt_sha256": res.rebuilt_sha256, "rebuilt": str(res.rebuilt_path)}))
+                               "rebuilt_sha256": res.rebuilt_sha256, "rebuilt": str(res.rebuilt_path) if res.rebuilt_path else None}))
     elif res.identical:
         out_console.print(f"[green]IDENTICAL[/green] {escape(str(artifact))} sha256={res.original_sha256}")
     else:
