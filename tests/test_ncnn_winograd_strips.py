@@ -10,9 +10,16 @@ is checked against the same shapes.
 im2col + GEMM (version 2): a 3x3 stride-2 layer (32 -> 64 from the same map, 6.0 MB of im2col) and a 5x5
 layer (64 -> 32 on its 108 x 48 output, 33 MB), with the direct kernel switched off so ncnn's im2col path
 runs them. The same checks, plus the arena's held-peak (EDGEPACK_NCNN_TRACE): the tensors alive at once
-must stay far below the 5x5 layer's whole-map im2col, which the unpatched library allocated at once."""
+must stay far below the 5x5 layer's whole-map im2col, which the unpatched library allocated at once.
+
+Arm (aarch64 builds): the Winograd model and a stride-2 + dilated 3x3 pair that Arm runs as im2col + GEMM
+(its 5x5 takes a direct kernel there), built fp32 and fp16, run under qemu's cortex-a53 (no fp16
+arithmetic: Convolution_arm's fp32 path) and max (the fp16 arithmetic path): within 1e-4 of onnxruntime's
+scale in fp32, within the build's own bound in fp16, and the arena's held-peak far below the dilated
+layer's whole-map im2col."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -22,6 +29,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgepack.backends.ncnn.winograd_strips_patch import STRIP_BYTES
+import onnxruntime as ort
+from clirun import run_artifact_on, run_edgepack
 from edgepack.runner import command_for_cpu
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
@@ -103,3 +112,55 @@ def test_im2col_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
     # alive at once: the input (2.7 MB), its padded copy (2.7 MB), the first layer's output (1.3 MB), a
     # strip and the GEMM's tiles: 11.2 MB on an AVX2 host. The 5x5 layer's whole im2col alone is 33 MB
     assert 2 << 20 < peaks[-1] < 16 << 20, peaks
+
+
+def _arm_im2col_model(path):
+    # Arm's direct kernels take neither a pack-4 3x3 stride-2 layer with 32 outputs or more nor a dilated one
+    return _two_convs(path, "arm_im2col_strips", 5,
+                      [((64, 32, 3, 3), 0.08, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+                       ((64, 64, 3, 3), 0.05, {"pads": [2, 2, 2, 2], "dilations": [2, 2]})], [1, 64, H // 2, W // 2])
+
+
+def _held_peak(stderr: str) -> int:
+    peaks = [int(v) * 1024 for v in re.findall(r"held-peak=(\d+) kB", stderr)]
+    assert peaks, stderr[-2000:]
+    return peaks[-1]
+
+
+def test_the_arm_im2col_shapes_take_strips():
+    assert _im2col_bytes(64 * 9, (H // 2) * (W // 2)) > 4 * STRIP_BYTES  # the dilated layer: 11.9 MB
+
+
+# The arena's held-peak allowed per (model, Convolution_arm path), halfway to what the library without Arm
+# strips held at 1 thread (qemu-user on an AVX2 host; ncnn reads the host's cache sizes there):
+# fp32 path: the Winograd model 14.9 MB with strips, 20.1 without; the im2col one 11.4 against 16.1
+# fp16 arithmetic path: 10.6 against 11.4 and 6.0 against 8.1 (its buffers are half the size)
+ARM_HELD_PEAK = {("_model", "fp32"): 17.5e6, ("_arm_im2col_model", "fp32"): 13.7e6,
+                 ("_model", "fp16sa"): 11.0e6, ("_arm_im2col_model", "fp16sa"): 7.0e6}
+
+
+def test_arm64_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
+    x = np.random.default_rng(13).standard_normal((1, 32, H, W)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    for make in (_model, _arm_im2col_model):
+        model = make(tmp_path / f"{make.__name__}.onnx")
+        want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        scale = float(np.abs(want).max())
+        for precision in ("--fp32", "--fp16"):
+            out = tmp_path / f"{model.stem}{precision}"
+            # the build verifies on cortex-a53 and max against onnxruntime, within its bound for the precision
+            proc = run_edgepack("build", str(model), "--target", "arm64", "--backend", "ncnn", precision,
+                                "--out", str(out), "--json")
+            report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+            assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
+            art = out / f"{model.stem}-arm64"
+            for cpu in ("cortex-a53", "max"):
+                path = "fp16sa" if (precision, cpu) == ("--fp16", "max") else "fp32"  # the A53 has no fp16 arithmetic
+                for threads in (1, 2):
+                    got, err = run_artifact_on(art, cpu, {"x": tmp_path / "x.npy"}, tmp_path / f"o-{cpu}-{threads}",
+                                               ("y",), threads, env={"EDGEPACK_NCNN_TRACE": "1"})
+                    diff = float(np.abs(got["y"].reshape(want.shape) - want).max())
+                    if precision == "--fp32":  # (an fp16 build's weights are fp16 on every CPU)
+                        assert diff <= 1e-4 * scale, (make.__name__, precision, cpu, threads, diff)
+                    peak = _held_peak(err)
+                    assert peak < ARM_HELD_PEAK[make.__name__, path], (make.__name__, precision, cpu, threads, peak)

@@ -47,7 +47,8 @@ from .shared_weights_patch import (SHARED_WEIGHTS_ARM_PATCH_KEY, SHARED_WEIGHTS_
 from .source_patch import PATCH_KEY, patch_source
 from .thread_split_patch import THREAD_SPLIT_PATCH_KEY, patch_thread_split
 from .winograd_fp16_patch import WINOGRAD_FP16_PATCH_KEY, patch_winograd_fp16
-from .winograd_strips_patch import WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips
+from .winograd_strips_patch import (WINOGRAD_STRIPS_ARM_PATCH_KEY, WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips,
+                                    patch_winograd_strips_arm)
 
 RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 
@@ -55,14 +56,15 @@ RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 def _arch_patches(target: Target) -> tuple:
     """(cache-key name, version-digest, apply) of the source patches this arch's build applies (exact
     division, buffers reused while loading and batch reshapes copied by rows everywhere; shared
-    InnerProduct kernels and depthwise blocks on x86 and Arm; the x86 kernels only on x86): one list
-    for the key and the build, so they cannot disagree."""
+    InnerProduct kernels, depthwise blocks and convolution strips on x86 and Arm; the x86 kernels only
+    on x86): one list for the key and the build, so they cannot disagree."""
     every_arch = (("exact_div_patch", EXACT_DIV_PATCH_KEY, patch_exact_div),
                   ("load_reuse_patch", LOAD_REUSE_PATCH_KEY, patch_load_reuse),
                   ("batch_reshape_patch", BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape))
     if target.arch == "aarch64":
         return every_arch + (("shared_weights_patch", SHARED_WEIGHTS_ARM_PATCH_KEY, patch_shared_weights_arm),
-                             ("dw_block_patch", DW_BLOCK_ARM_PATCH_KEY, patch_dw_block_arm))
+                             ("dw_block_patch", DW_BLOCK_ARM_PATCH_KEY, patch_dw_block_arm),
+                             ("winograd_strips_patch", WINOGRAD_STRIPS_ARM_PATCH_KEY, patch_winograd_strips_arm))
     if target.arch != "x86_64":
         return every_arch
     return every_arch + (

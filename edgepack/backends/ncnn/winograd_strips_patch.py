@@ -21,6 +21,13 @@ model's 58 MB of tensors at their peak (arena held-peak, EDGEPACK_NCNN_TRACE). E
 rows its output rows need ((rows - 1) x stride + (kernel - 1) x dilation + 1). The GEMM's K and M
 blocking do not depend on the pixel count, so the sums are added in the same order: the same bits as the
 whole map.
+
+Arm builds (WINOGRAD_STRIPS_ARM_PATCH_KEY) get the same strips in Convolution_arm's fp32 path (CPUs
+without fp16 arithmetic: Cortex-A53/A72, the Raspberry Pi 3 and 4) and its fp16 arithmetic path
+(convolution_arm_asimdhp.cpp: A55/A76/A78, the Pi 5 and Jetson Orin), whose Winograd and im2col + GEMM
+build the whole map's buffer the same way. The helpers count 4 bytes a value, so an fp16 path's strips
+hold about 1 MiB: Arm cores have 256 KB to 1 MB of L2. ncnn's Arm GEMM tiles K and M without looking at
+the pixel count either (convolution_im2col_gemm_get_optimal_tile_mnk and its _fp16sa twin).
 """
 from __future__ import annotations
 
@@ -30,37 +37,6 @@ from .source_patch import apply_file_edits, file_edits_key
 
 WINOGRAD_STRIPS_PATCH_VERSION = 2  # 2: im2col + GEMM in strips too
 STRIP_BYTES = 2 << 20   # a strip's transformed input or im2col: about the L2 of the cores it was measured on (2 MiB)
-
-_CALLS_OLD = """        int ret = 0;
-        if (prefer_winograd23)
-        {
-            ret = conv3x3s1_winograd23(bottom_blob_bordered, top_blob, weight_winograd23_data, bias_data, _nT, opt);
-        }
-        else if (prefer_winograd43)
-        {
-            ret = conv3x3s1_winograd43(bottom_blob_bordered, top_blob, weight_winograd43_data, bias_data, _nT, opt);
-        }
-        else if (prefer_winograd63)
-        {
-            ret = conv3x3s1_winograd63(bottom_blob_bordered, top_blob, weight_winograd63_data, bias_data, _nT, opt);
-        }
-        else
-        {
-            // should never reach here
-        }
-"""
-_CALLS_NEW = """        // edgepack (winograd_strips_patch.py): strips of rows where the map's transformed input is large
-        const int ep_m = prefer_winograd23 ? 2 : prefer_winograd43 ? 4 : 6;
-        int ret = ep_winograd_strips(bottom_blob_bordered, top_blob, ep_m, [&](const Mat& ep_in, Mat& ep_out) {
-            if (prefer_winograd23)
-                return conv3x3s1_winograd23(ep_in, ep_out, weight_winograd23_data, bias_data, _nT, opt);
-            if (prefer_winograd43)
-                return conv3x3s1_winograd43(ep_in, ep_out, weight_winograd43_data, bias_data, _nT, opt);
-            if (prefer_winograd63)
-                return conv3x3s1_winograd63(ep_in, ep_out, weight_winograd63_data, bias_data, _nT, opt);
-            return 0; // should never reach here
-        });
-"""
 
 _HELPER_ANCHOR = "namespace ncnn {\n\n// edgepack (direct_conv_patch.py): direct 3x3"
 _HELPER = r'''// ---- edgepack (winograd_strips_patch.py) ----
@@ -119,27 +95,74 @@ static int ep_gemm_strips(const Mat& in, Mat& out, int kernel_h, int dilation_h,
 
 '''
 
-_GEMM_CALL_OLD = ("        int ret = convolution_im2col_gemm(bottom_blob_bordered, top_blob, weight_sgemm_data, bias_data, "
-                  "kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, _nT, opt);\n")
-_GEMM_CALL_NEW = """        // edgepack (winograd_strips_patch.py): strips of output rows where the map's im2col is large
-        int ret = ep_gemm_strips(bottom_blob_bordered, top_blob, kernel_h, dilation_h, stride_h, (size_t)num_input * kernel_w * kernel_h, [&](const Mat& ep_in, Mat& ep_out) {
-            return convolution_im2col_gemm(ep_in, ep_out, weight_sgemm_data, bias_data, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, _nT, opt);
-        });
-"""
+def _helpers(anchor: str, what: str = "the strip helpers, at the namespace's start") -> tuple:
+    """Insert the strip helpers at the namespace's start of a file (each is its own translation unit)."""
+    head = "namespace ncnn {\n\n"
+    return (what, head + anchor,
+            head + f"#define EP_WINOGRAD_STRIP_BYTES ((size_t){STRIP_BYTES})\n" + _HELPER + anchor, 1)
+
+
+def _winograd_calls(suffix: str, bias: str) -> tuple:
+    """The (old, new) text of forward's three Winograd calls (suffix "" or Arm's "_fp16sa")."""
+    calls = [(m, f"conv3x3s1_winograd{m}{suffix}(%s, %s, weight_winograd{m}_data, {bias}, _nT, opt)") for m in (23, 43, 63)]
+    old = ("        int ret = 0;\n"
+           + "".join(f"        {'else ' if i else ''}if (prefer_winograd{m})\n        {{\n"
+                     f"            ret = {call % ('bottom_blob_bordered', 'top_blob')};\n        }}\n"
+                     for i, (m, call) in enumerate(calls))
+           + "        else\n        {\n            // should never reach here\n        }\n")
+    new = ("        // edgepack (winograd_strips_patch.py): strips of rows where the map's transformed input is large\n"
+           "        const int ep_m = prefer_winograd23 ? 2 : prefer_winograd43 ? 4 : 6;\n"
+           "        int ret = ep_winograd_strips(bottom_blob_bordered, top_blob, ep_m, [&](const Mat& ep_in, Mat& ep_out) {\n"
+           + "".join(f"            if (prefer_winograd{m})\n                return {call % ('ep_in', 'ep_out')};\n"
+                     for m, call in calls)
+           + "            return 0; // should never reach here\n        });\n")
+    return old, new
+
+
+def _gemm_call(suffix: str, bias: str) -> tuple:
+    """The (old, new) text of forward's im2col + GEMM call (suffix "" or Arm's "_fp16sa")."""
+    args = "weight_sgemm_data, %s, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, _nT, opt" % bias
+    old = f"        int ret = convolution_im2col_gemm{suffix}(bottom_blob_bordered, top_blob, {args});\n"
+    new = ("        // edgepack (winograd_strips_patch.py): strips of output rows where the map's im2col is large\n"
+           "        int ret = ep_gemm_strips(bottom_blob_bordered, top_blob, kernel_h, dilation_h, stride_h, "
+           "(size_t)num_input * kernel_w * kernel_h, [&](const Mat& ep_in, Mat& ep_out) {\n"
+           f"            return convolution_im2col_gemm{suffix}(ep_in, ep_out, {args});\n        }});\n")
+    return old, new
+
+
 
 _FILE_EDITS = (
     ("src/layer/x86/convolution_x86.cpp", (
-        ("the strip helpers, at the namespace's start (every ISA's build)", _HELPER_ANCHOR,
-         "namespace ncnn {\n\n" + f"#define EP_WINOGRAD_STRIP_BYTES ((size_t){STRIP_BYTES})\n" + _HELPER
-         + _HELPER_ANCHOR[len("namespace ncnn {\n\n"):], 1),
-        ("forward's Winograd calls", _CALLS_OLD, _CALLS_NEW, 1),
-        ("forward's im2col + GEMM call", _GEMM_CALL_OLD, _GEMM_CALL_NEW, 1),
+        _helpers(_HELPER_ANCHOR[len("namespace ncnn {\n\n"):], "the strip helpers, at the namespace's start (every ISA's build)"),
+        ("forward's Winograd calls",) + _winograd_calls("", "bias_data") + (1,),
+        ("forward's im2col + GEMM call",) + _gemm_call("", "bias_data") + (1,),
     )),
 )
 
 WINOGRAD_STRIPS_PATCH_KEY = file_edits_key(WINOGRAD_STRIPS_PATCH_VERSION, _FILE_EDITS)
 
 
+_ARM_FILE_EDITS = (
+    ("src/layer/arm/convolution_arm.cpp", (
+        _helpers('#if NCNN_GNU_INLINE_ASM\n#include "convolution_1x1.h"'),
+        ("the fp32 Winograd calls",) + _winograd_calls("", "bias_data") + (1,),
+        ("the fp32 im2col + GEMM call",) + _gemm_call("", "bias_data") + (1,),
+    )),
+    ("src/layer/arm/convolution_arm_asimdhp.cpp", (
+        _helpers('#if __ARM_NEON\n#if __ARM_FEATURE_FP16_VECTOR_ARITHMETIC\n'),
+        ("the fp16 arithmetic Winograd calls",) + _winograd_calls("_fp16sa", "bias_data_fp16") + (1,),
+        ("the fp16 arithmetic im2col + GEMM call",) + _gemm_call("_fp16sa", "bias_data_fp16") + (1,),
+    )),
+)
+WINOGRAD_STRIPS_ARM_PATCH_VERSION = 1
+WINOGRAD_STRIPS_ARM_PATCH_KEY = file_edits_key(WINOGRAD_STRIPS_ARM_PATCH_VERSION, _ARM_FILE_EDITS)
+
+
 def patch_winograd_strips(src: Path) -> None:
     """Apply the edits to an unpacked ncnn source tree, in place (x86 builds, after direct_conv_patch.py)."""
     apply_file_edits(src, _FILE_EDITS, "winograd_strips_patch.py")
+
+
+def patch_winograd_strips_arm(src: Path) -> None:
+    """Apply the Arm edits to an unpacked ncnn source tree, in place (aarch64 builds)."""
+    apply_file_edits(src, _ARM_FILE_EDITS, "winograd_strips_patch.py")
