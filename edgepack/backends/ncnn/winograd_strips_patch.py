@@ -95,6 +95,7 @@ static int ep_gemm_strips(const Mat& in, Mat& out, int kernel_h, int dilation_h,
 
 '''
 
+
 def _helpers(anchor: str, what: str = "the strip helpers, at the namespace's start") -> tuple:
     """Insert the strip helpers at the namespace's start of a file (each is its own translation unit)."""
     head = "namespace ncnn {\n\n"
@@ -128,7 +129,6 @@ def _gemm_call(suffix: str, bias: str) -> tuple:
            "(size_t)num_input * kernel_w * kernel_h, [&](const Mat& ep_in, Mat& ep_out) {\n"
            f"            return convolution_im2col_gemm{suffix}(ep_in, ep_out, {args});\n        }});\n")
     return old, new
-
 
 
 _FILE_EDITS = (
