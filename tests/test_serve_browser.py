@@ -4,9 +4,12 @@ a detector's boxes on a canvas (pixel colours at the box edges) and its table, J
 page runs under the server's Content-Security-Policy, so a blocked script or style would show here."""
 from __future__ import annotations
 
+import atexit
 import json
 import math
+import os
 import shutil
+import tempfile
 import time
 
 import pytest
@@ -34,7 +37,11 @@ def chrome():
               "--window-size=1000,900"):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=opts)
+    # Chromium leaves org.chromium.Chromium.* folders in its temporary folder even after quit(): give it one
+    # of its own, removed when this process ends
+    tmp = tempfile.mkdtemp(prefix="edgepack-chromium-")
+    atexit.register(shutil.rmtree, tmp, True)
+    return webdriver.Chrome(service=Service(driver, env={**os.environ, "TMPDIR": tmp}), options=opts)
 
 
 def wait_for(fn, timeout=60.0):
