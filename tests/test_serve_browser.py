@@ -4,7 +4,6 @@ a detector's boxes on a canvas (pixel colours at the box edges) and its table, J
 page runs under the server's Content-Security-Policy, so a blocked script or style would show here."""
 from __future__ import annotations
 
-import atexit
 import json
 import math
 import os
@@ -38,10 +37,18 @@ def chrome():
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # Chromium leaves org.chromium.Chromium.* folders in its temporary folder even after quit(): give it one
-    # of its own, removed when this process ends
+    # of its own, removed by quit()
     tmp = tempfile.mkdtemp(prefix="edgepack-chromium-")
-    atexit.register(shutil.rmtree, tmp, True)
-    return webdriver.Chrome(service=Service(driver, env={**os.environ, "TMPDIR": tmp}), options=opts)
+    d = webdriver.Chrome(service=Service(driver, env={**os.environ, "TMPDIR": tmp}), options=opts)
+    quit_browser = d.quit
+
+    def quit_and_clean():
+        try:
+            quit_browser()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    d.quit = quit_and_clean
+    return d
 
 
 def wait_for(fn, timeout=60.0):
