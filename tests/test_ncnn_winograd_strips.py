@@ -26,11 +26,11 @@ import subprocess
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from edgepack.backends.ncnn.winograd_strips_patch import STRIP_BYTES
-import onnxruntime as ort
 from clirun import run_artifact_on, run_edgepack
+from edgepack.backends.ncnn.winograd_strips_patch import STRIP_BYTES
 from edgepack.runner import command_for_cpu
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
@@ -96,6 +96,12 @@ def test_the_im2col_shapes_take_strips():
     assert _im2col_bytes(64 * 25, out_pixels) > 8 * STRIP_BYTES     # the 5x5 layer: 33 MB
 
 
+def _held_peak(stderr: str) -> int:
+    peaks = [int(v) * 1024 for v in re.findall(r"held-peak=(\d+) kB", stderr)]
+    assert peaks, stderr[-2000:]
+    return peaks[-1]
+
+
 def test_im2col_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
     model = _im2col_model(tmp_path / "im2col.onnx")
     art = build_fp32_ncnn(model, tmp_path / "out")
@@ -107,11 +113,10 @@ def test_im2col_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
                         capture_output=True, text=True, timeout=300,
                         env={**os.environ, "EDGEPACK_NCNN_OPTIONS": "direct=0", "EDGEPACK_NCNN_TRACE": "1"})
     assert st.returncode == 0, st.stdout + st.stderr[-2000:]
-    peaks = [int(v) * 1024 for v in re.findall(r"held-peak=(\d+) kB", st.stderr)]
-    assert peaks, st.stderr[-2000:]
+    peak = _held_peak(st.stderr)
     # alive at once: the input (2.7 MB), its padded copy (2.7 MB), the first layer's output (1.3 MB), a
     # strip and the GEMM's tiles: 11.2 MB on an AVX2 host. The 5x5 layer's whole im2col alone is 33 MB
-    assert 2 << 20 < peaks[-1] < 16 << 20, peaks
+    assert 2 << 20 < peak < 16 << 20, peak
 
 
 def _arm_im2col_model(path):
@@ -119,12 +124,6 @@ def _arm_im2col_model(path):
     return _two_convs(path, "arm_im2col_strips", 5,
                       [((64, 32, 3, 3), 0.08, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
                        ((64, 64, 3, 3), 0.05, {"pads": [2, 2, 2, 2], "dilations": [2, 2]})], [1, 64, H // 2, W // 2])
-
-
-def _held_peak(stderr: str) -> int:
-    peaks = [int(v) * 1024 for v in re.findall(r"held-peak=(\d+) kB", stderr)]
-    assert peaks, stderr[-2000:]
-    return peaks[-1]
 
 
 def test_the_arm_im2col_shapes_take_strips():

@@ -39,7 +39,11 @@ def chrome():
     # Chromium leaves org.chromium.Chromium.* folders in its temporary folder even after quit(): give it one
     # of its own, removed by quit()
     tmp = tempfile.mkdtemp(prefix="edgepack-chromium-")
-    d = webdriver.Chrome(service=Service(driver, env={**os.environ, "TMPDIR": tmp}), options=opts)
+    try:
+        d = webdriver.Chrome(service=Service(driver, env={**os.environ, "TMPDIR": tmp}), options=opts)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     quit_browser = d.quit
 
     def quit_and_clean():

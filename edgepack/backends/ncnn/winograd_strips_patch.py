@@ -38,7 +38,7 @@ from .source_patch import apply_file_edits, file_edits_key
 WINOGRAD_STRIPS_PATCH_VERSION = 2  # 2: im2col + GEMM in strips too
 STRIP_BYTES = 2 << 20   # a strip's transformed input or im2col: about the L2 of the cores it was measured on (2 MiB)
 
-_HELPER_ANCHOR = "namespace ncnn {\n\n// edgepack (direct_conv_patch.py): direct 3x3"
+_X86_ANCHOR = "// edgepack (direct_conv_patch.py): direct 3x3"  # what follows the namespace's start on x86
 _HELPER = r'''// ---- edgepack (winograd_strips_patch.py) ----
 // run(in_rows, out_rows) once per strip of strip_rows output rows (the last one partial), through views of
 // the blobs; the input view holds the rows the strip's windows read, (rows - 1) x stride + (kernel - 1) x
@@ -133,7 +133,7 @@ def _gemm_call(suffix: str, bias: str) -> tuple:
 
 _FILE_EDITS = (
     ("src/layer/x86/convolution_x86.cpp", (
-        _helpers(_HELPER_ANCHOR[len("namespace ncnn {\n\n"):], "the strip helpers, at the namespace's start (every ISA's build)"),
+        _helpers(_X86_ANCHOR, "the strip helpers, at the namespace's start (every ISA's build)"),
         ("forward's Winograd calls",) + _winograd_calls("", "bias_data") + (1,),
         ("forward's im2col + GEMM call",) + _gemm_call("", "bias_data") + (1,),
     )),
