@@ -28,6 +28,14 @@ without fp16 arithmetic: Cortex-A53/A72, the Raspberry Pi 3 and 4) and its fp16 
 build the whole map's buffer the same way. The helpers count 4 bytes a value, so an fp16 path's strips
 hold about 1 MiB: Arm cores have 256 KB to 1 MB of L2. ncnn's Arm GEMM tiles K and M without looking at
 the pixel count either (convolution_im2col_gemm_get_optimal_tile_mnk and its _fp16sa twin).
+
+Version 3 (Arm version 2) borders each strip itself. forward used to run make_padding first: a bordered
+copy of the whole input, alive through the layer. YOLO11s-seg's mask branch (3x3, 128 -> 128 channels on
+160 x 160) copied 13 MB so. Now forward notes the border make_padding would add (EpConvInput: explicit pads
+or ONNX SAME's) and each strip copies only the rows it reads, bordered (copy_make_border on a view of them);
+a map small enough to run whole is bordered whole, as before. The paths that read the map whole (the
+direct kernels, the dilated split) make the whole bordered copy first, as before. A border wider than the
+kernel, or a negative one, is made up front as before. The same values reach the kernels: the same bits.
 """
 from __future__ import annotations
 
@@ -35,61 +43,148 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-WINOGRAD_STRIPS_PATCH_VERSION = 2  # 2: im2col + GEMM in strips too
+WINOGRAD_STRIPS_PATCH_VERSION = 3  # 2: im2col + GEMM in strips too; 3: the strips border their own rows
 STRIP_BYTES = 2 << 20   # a strip's transformed input or im2col: about the L2 of the cores it was measured on (2 MiB)
 
 _X86_ANCHOR = "// edgepack (direct_conv_patch.py): direct 3x3"  # what follows the namespace's start on x86
 _HELPER = r'''// ---- edgepack (winograd_strips_patch.py) ----
-// run(in_rows, out_rows) once per strip of strip_rows output rows (the last one partial), through views of
-// the blobs; the input view holds the rows the strip's windows read, (rows - 1) x stride + (kernel - 1) x
-// dilation + 1 of them (in is padded)
+// a convolution's input as its kernels read it: src with a constant border (the rows and columns
+// make_padding adds; all 0 where src is bordered already), made whole or a few rows at a time, so that
+// the strips below need no bordered copy of the whole map
+struct EpConvInput
+{
+    Mat src;
+    int top, bottom, left, right;
+    float value;
+
+    int w() const { return src.w + left + right; }
+    int h() const { return src.h + top + bottom; }
+
+    // dst = rows [y0, y0 + n) of the bordered map: src itself, a view of its rows, or a bordered copy of
+    // the src rows they cover (top and bottom are under the kernel's extent, at most n: a strip covers
+    // at least one src row)
+    int rows(int y0, int n, Mat& dst, const Option& opt) const
+    {
+        const int s0 = std::max(0, y0 - top);
+        const int s1 = std::min(src.h, y0 + n - top);
+        const int t = s0 - (y0 - top);
+        const int b = (y0 + n - top) - s1;
+        if (s0 == 0 && s1 == src.h && t == 0 && b == 0 && left == 0 && right == 0)
+        {
+            dst = src;
+            return 0;
+        }
+        Mat view(src.w, s1 - s0, src.c, (unsigned char*)src.data + (size_t)s0 * src.w * src.elemsize, src.elemsize, src.elempack);
+        view.cstep = src.cstep;
+        if (t == 0 && b == 0 && left == 0 && right == 0)
+        {
+            dst = view;
+            return 0;
+        }
+        Option opt_b = opt;
+        opt_b.blob_allocator = opt.workspace_allocator;
+        copy_make_border(view, dst, t, b, left, right, BORDER_CONSTANT, value, opt_b);
+        return dst.empty() ? -100 : 0;
+    }
+};
+
+// an input make_padding has bordered already (or that needs no border)
+static EpConvInput ep_bordered_input(const Mat& bordered)
+{
+    EpConvInput in = {bordered, 0, 0, 0, 0, 0.f};
+    return in;
+}
+
+// the border make_padding would give src (explicit pads, or ONNX SAME's), left for the kernels to make
+// (true), or false where make_padding should make it now: no border, a border wider than the kernel
+// (every strip must cover a src row) or a negative (cropping) one
+static bool ep_deferred_input(const Mat& src, int kernel_extent_w, int kernel_extent_h, int stride_w, int stride_h,
+                              int pad_left, int pad_right, int pad_top, int pad_bottom, float pad_value, EpConvInput& in)
+{
+    int t = pad_top, b = pad_bottom, l = pad_left, r = pad_right;
+    if (pad_left > 0 || pad_right > 0 || pad_top > 0 || pad_bottom > 0)
+    {
+    }
+    else if ((pad_left == -233 || pad_left == -234) && pad_right == pad_left && pad_top == pad_left && pad_bottom == pad_left)
+    {
+        const int wpad = kernel_extent_w + (src.w - 1) / stride_w * stride_w - src.w;
+        const int hpad = kernel_extent_h + (src.h - 1) / stride_h * stride_h - src.h;
+        if (wpad <= 0 && hpad <= 0)
+            return false;
+        const bool upper = pad_left == -233; // SAME_UPPER puts the odd pixel after, SAME_LOWER before
+        t = upper ? hpad / 2 : hpad - hpad / 2;
+        b = hpad - t;
+        l = upper ? wpad / 2 : wpad - wpad / 2;
+        r = wpad - l;
+    }
+    else
+        return false;
+    if (src.dims != 3 || t < 0 || b < 0 || l < 0 || r < 0 || t >= kernel_extent_h || b >= kernel_extent_h)
+        return false;
+    EpConvInput deferred = {src, t, b, l, r, pad_value};
+    in = deferred;
+    return true;
+}
+
+// run(in_rows, out_rows) once per strip of strip_rows output rows (the last one partial); the input holds
+// the rows the strip's windows read, (rows - 1) x stride + (kernel - 1) x dilation + 1 of them
 template<class F>
-static int ep_run_strips(const Mat& in, Mat& out, int strip_rows, int kernel_h, int dilation_h, int stride_h, F run)
+static int ep_run_strips(const EpConvInput& in, Mat& out, int strip_rows, int kernel_h, int dilation_h, int stride_h, const Option& opt, F run)
 {
     for (int y0 = 0; y0 < out.h; y0 += strip_rows)
     {
         const int rows = std::min(strip_rows, out.h - y0);
-        const int in_y0 = y0 * stride_h;
         const int in_rows_n = (rows - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
-        Mat in_rows(in.w, in_rows_n, in.c, (unsigned char*)in.data + (size_t)in_y0 * in.w * in.elemsize, in.elemsize, in.elempack);
-        in_rows.cstep = in.cstep;
+        Mat in_rows;
+        int ret = in.rows(y0 * stride_h, in_rows_n, in_rows, opt);
+        if (ret != 0)
+            return ret;
         Mat out_rows(out.w, rows, out.c, (unsigned char*)out.data + (size_t)y0 * out.w * out.elemsize, out.elemsize, out.elempack);
         out_rows.cstep = out.cstep;
-        const int ret = run(in_rows, out_rows);
+        ret = run(in_rows, out_rows);
         if (ret != 0)
             return ret;
     }
     return 0;
 }
 
+// run(whole bordered input, out)
+template<class F>
+static int ep_run_whole(const EpConvInput& in, Mat& out, const Option& opt, F run)
+{
+    Mat whole;
+    const int ret = in.rows(0, in.h(), whole, opt);
+    return ret != 0 ? ret : run(whole, out);
+}
+
 // run(in, out) on the whole map, or once per strip of output rows (a whole number of m-row tiles) where the
 // map's transformed input, (m + 2)^2 values per tile and input channel, exceeds two strips' worth; the input
-// strip is its output rows plus the two more a 3x3 window reads (in is padded: in.h == out.h + 2)
+// strip is its output rows plus the two more a 3x3 window reads (the bordered input has out.h + 2 rows)
 template<class F>
-static int ep_winograd_strips(const Mat& in, Mat& out, int m, F run)
+static int ep_winograd_strips(const EpConvInput& in, Mat& out, int m, const Option& opt, F run)
 {
-    const size_t tile_values = (size_t)(m + 2) * (m + 2) * in.c * in.elempack;
+    const size_t tile_values = (size_t)(m + 2) * (m + 2) * in.src.c * in.src.elempack;
     const size_t row_bytes = tile_values * ((out.w + m - 1) / m) * sizeof(float); // one row of tiles
     const int h_tiles = (out.h + m - 1) / m;
     const size_t strip = EP_WINOGRAD_STRIP_BYTES;
-    if (in.dims != 3 || out.dims != 3 || in.h != out.h + 2 || row_bytes * h_tiles <= 2 * strip)
-        return run(in, out);
+    if (in.src.dims != 3 || out.dims != 3 || in.h() != out.h + 2 || row_bytes * h_tiles <= 2 * strip)
+        return ep_run_whole(in, out, opt, run);
     const int strip_tiles = std::max(1, (int)(strip / row_bytes));
-    return ep_run_strips(in, out, strip_tiles * m, 3, 1, 1, run);
+    return ep_run_strips(in, out, strip_tiles * m, 3, 1, 1, opt, run);
 }
 
 // run(in, out) on the whole map, or once per strip of output rows where the map's im2col, k_values floats
 // per output pixel (kernel size times input channels), exceeds two strips' worth; a strip reads the input
-// rows its output rows need (in is padded: its rows are those the windows read)
+// rows its output rows need
 template<class F>
-static int ep_gemm_strips(const Mat& in, Mat& out, int kernel_h, int dilation_h, int stride_h, size_t k_values, F run)
+static int ep_gemm_strips(const EpConvInput& in, Mat& out, int kernel_h, int dilation_h, int stride_h, size_t k_values, const Option& opt, F run)
 {
     const size_t row_bytes = k_values * out.w * sizeof(float); // one output row's im2col
     const size_t strip = EP_WINOGRAD_STRIP_BYTES;
-    if (in.dims != 3 || out.dims != 3 || row_bytes * out.h <= 2 * strip
-            || in.h < (out.h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1)
-        return run(in, out);
-    return ep_run_strips(in, out, std::max(1, (int)(strip / row_bytes)), kernel_h, dilation_h, stride_h, run);
+    if (in.src.dims != 3 || out.dims != 3 || row_bytes * out.h <= 2 * strip
+            || in.h() < (out.h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1)
+        return ep_run_whole(in, out, opt, run);
+    return ep_run_strips(in, out, std::max(1, (int)(strip / row_bytes)), kernel_h, dilation_h, stride_h, opt, run);
 }
 // ---- end edgepack ----
 
@@ -103,8 +198,9 @@ def _helpers(anchor: str, what: str = "the strip helpers, at the namespace's sta
             head + f"#define EP_WINOGRAD_STRIP_BYTES ((size_t){STRIP_BYTES})\n" + _HELPER + anchor, 1)
 
 
-def _winograd_calls(suffix: str, bias: str) -> tuple:
-    """The (old, new) text of forward's three Winograd calls (suffix "" or Arm's "_fp16sa")."""
+def _winograd_calls(suffix: str, bias: str, source: str) -> tuple:
+    """The (old, new) text of forward's three Winograd calls (suffix "" or Arm's "_fp16sa"), reading
+    ``source`` (an EpConvInput)."""
     calls = [(m, f"conv3x3s1_winograd{m}{suffix}(%s, %s, weight_winograd{m}_data, {bias}, _nT, opt)") for m in (23, 43, 63)]
     old = ("        int ret = 0;\n"
            + "".join(f"        {'else ' if i else ''}if (prefer_winograd{m})\n        {{\n"
@@ -113,48 +209,108 @@ def _winograd_calls(suffix: str, bias: str) -> tuple:
            + "        else\n        {\n            // should never reach here\n        }\n")
     new = ("        // edgepack (winograd_strips_patch.py): strips of rows where the map's transformed input is large\n"
            "        const int ep_m = prefer_winograd23 ? 2 : prefer_winograd43 ? 4 : 6;\n"
-           "        int ret = ep_winograd_strips(bottom_blob_bordered, top_blob, ep_m, [&](const Mat& ep_in, Mat& ep_out) {\n"
+           f"        int ret = ep_winograd_strips({source}, top_blob, ep_m, opt, [&](const Mat& ep_in, Mat& ep_out) {{\n"
            + "".join(f"            if (prefer_winograd{m})\n                return {call % ('ep_in', 'ep_out')};\n"
                      for m, call in calls)
            + "            return 0; // should never reach here\n        });\n")
     return old, new
 
 
-def _gemm_call(suffix: str, bias: str) -> tuple:
-    """The (old, new) text of forward's im2col + GEMM call (suffix "" or Arm's "_fp16sa")."""
+_BLOCK_END = ("        if (ret != 0)\n            return ret;\n\n        if (activation)\n        {\n"
+              "            activation->forward_inplace(top_blob, opt);\n        }\n        return 0;\n    }\n\n")
+
+
+def _gemm_call(suffix: str, bias: str, source: str, border_after: bool) -> tuple:
+    """The (old, new) text of forward's im2col + GEMM block (suffix "" or Arm's "_fp16sa"), reading ``source``;
+    with ``border_after`` the direct kernels after it get the whole bordered map (ep_border_whole)."""
     args = "weight_sgemm_data, %s, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, _nT, opt" % bias
-    old = f"        int ret = convolution_im2col_gemm{suffix}(bottom_blob_bordered, top_blob, {args});\n"
+    old = f"        int ret = convolution_im2col_gemm{suffix}(bottom_blob_bordered, top_blob, {args});\n" + _BLOCK_END
     new = ("        // edgepack (winograd_strips_patch.py): strips of output rows where the map's im2col is large\n"
-           "        int ret = ep_gemm_strips(bottom_blob_bordered, top_blob, kernel_h, dilation_h, stride_h, "
-           "(size_t)num_input * kernel_w * kernel_h, [&](const Mat& ep_in, Mat& ep_out) {\n"
-           f"            return convolution_im2col_gemm{suffix}(ep_in, ep_out, {args});\n        }});\n")
+           f"        int ret = ep_gemm_strips({source}, top_blob, kernel_h, dilation_h, stride_h, "
+           "(size_t)num_input * kernel_w * kernel_h, opt, [&](const Mat& ep_in, Mat& ep_out) {\n"
+           f"            return convolution_im2col_gemm{suffix}(ep_in, ep_out, {args});\n        }});\n" + _BLOCK_END)
+    if border_after:
+        new += ("    // edgepack (winograd_strips_patch.py): the direct kernels below read the whole bordered map\n"
+                "    if (ep_border_whole() != 0)\n        return -100;\n\n")
     return old, new
+
+
+_MAKE_PADDING = ("    Mat bottom_blob_bordered;\n    make_padding(bottom_blob, bottom_blob_bordered, opt);\n"
+                 "    if (bottom_blob_bordered.empty())\n        return -100;\n\n"
+                 "    w = bottom_blob_bordered.w;\n    h = bottom_blob_bordered.h;\n")
+_DEFERRED_PADDING = r"""    // edgepack (winograd_strips_patch.py): the Winograd and im2col + GEMM strips border their own rows, so a
+    // large map gets no bordered copy; a path that reads the map whole makes it first (ep_border_whole)
+    Mat bottom_blob_bordered;
+    EpConvInput ep_input;
+    const bool ep_deferred = ep_deferred_input(bottom_blob, kernel_extent_w, kernel_extent_h, stride_w, stride_h,
+                                               pad_left, pad_right, pad_top, pad_bottom, pad_value, ep_input);
+    if (!ep_deferred)
+    {
+        make_padding(bottom_blob, bottom_blob_bordered, opt);
+        if (bottom_blob_bordered.empty())
+            return -100;
+        ep_input = ep_bordered_input(bottom_blob_bordered);
+    }
+    auto ep_border_whole = [&]() {
+        if (ep_deferred && bottom_blob_bordered.empty())
+            make_padding(bottom_blob, bottom_blob_bordered, opt);
+        return bottom_blob_bordered.empty() ? -100 : 0;
+    };
+
+    w = ep_input.w();
+    h = ep_input.h();
+"""
+
+
+def _border_first(call: str) -> tuple:
+    """(old, new): ``call`` (a line reading the whole bordered map) made after ep_border_whole()."""
+    indent = call[:len(call) - len(call.lstrip())]
+    return call, f"{indent}if (ep_border_whole() != 0)\n{indent}    return -100;\n" + call
 
 
 _FILE_EDITS = (
     ("src/layer/x86/convolution_x86.cpp", (
         _helpers(_X86_ANCHOR, "the strip helpers, at the namespace's start (every ISA's build)"),
-        ("forward's Winograd calls",) + _winograd_calls("", "bias_data") + (1,),
-        ("forward's im2col + GEMM call",) + _gemm_call("", "bias_data") + (1,),
+        ("forward's make_padding, deferred", "#endif // EP_C3_WHERE\n\n" + _MAKE_PADDING,
+         "#endif // EP_C3_WHERE\n\n" + _DEFERRED_PADDING, 1),
+        ("forward's dilated path",) + _border_first("            return forwardDilation_x86(bottom_blob_bordered, top_blob, opt);\n") + (1,),
+        ("forward's direct kernel",) + _border_first("        int ret = ep_c3_run(bottom_blob_bordered, w, ") + (1,),
+        ("forward's Winograd calls",) + _winograd_calls("", "bias_data", "ep_input") + (1,),
+        ("forward's im2col + GEMM block",) + _gemm_call("", "bias_data", "ep_input", True) + (1,),
     )),
 )
 
 WINOGRAD_STRIPS_PATCH_KEY = file_edits_key(WINOGRAD_STRIPS_PATCH_VERSION, _FILE_EDITS)
 
 
+# where make_padding sits in Convolution_arm's fp32 forward (its bf16 twin has the same lines after it) and
+# in forward_fp16sa (forward_fp16s has the same before it)
+_ARM_FP32_HEAD = ("        return forward_bf16s(bottom_blob, top_blob, opt);\n#endif\n\n    int w = bottom_blob.w;\n"
+                  "    int h = bottom_blob.h;\n    int channels = bottom_blob.c;\n    size_t elemsize = bottom_blob.elemsize;\n"
+                  "    int elempack = bottom_blob.elempack;\n\n    //     NCNN_LOGE(\"Convolution input %d x %d  pad = %d %d  "
+                  "ksize=%d %d  stride=%d %d\", w, h, pad_w, pad_h, kernel_w, kernel_h, stride_w, stride_h);\n\n"
+                  "    const int kernel_extent_w = dilation_w * (kernel_w - 1) + 1;\n"
+                  "    const int kernel_extent_h = dilation_h * (kernel_h - 1) + 1;\n\n")
+_ARM_FP16SA_TAIL = ("\n    int outw = (w - kernel_extent_w) / stride_w + 1;\n    int outh = (h - kernel_extent_h) / stride_h + 1;\n"
+                    "    int out_elempack = 1;\n    if (opt.use_packing_layout)\n    {\n"
+                    "        out_elempack = num_output % 8 == 0 ? 8")
+
 _ARM_FILE_EDITS = (
     ("src/layer/arm/convolution_arm.cpp", (
         _helpers('#if NCNN_GNU_INLINE_ASM\n#include "convolution_1x1.h"'),
-        ("the fp32 Winograd calls",) + _winograd_calls("", "bias_data") + (1,),
-        ("the fp32 im2col + GEMM call",) + _gemm_call("", "bias_data") + (1,),
+        ("the fp32 make_padding, deferred", _ARM_FP32_HEAD + _MAKE_PADDING, _ARM_FP32_HEAD + _DEFERRED_PADDING, 1),
+        ("the fp32 dilated path",) + _border_first("            return forwardDilation_arm(bottom_blob_bordered, top_blob, opt);\n") + (1,),
+        ("the fp32 Winograd calls",) + _winograd_calls("", "bias_data", "ep_input") + (1,),
+        ("the fp32 im2col + GEMM block",) + _gemm_call("", "bias_data", "ep_input", True) + (1,),
     )),
     ("src/layer/arm/convolution_arm_asimdhp.cpp", (
         _helpers('#if __ARM_NEON\n#if __ARM_FEATURE_FP16_VECTOR_ARITHMETIC\n'),
-        ("the fp16 arithmetic Winograd calls",) + _winograd_calls("_fp16sa", "bias_data_fp16") + (1,),
-        ("the fp16 arithmetic im2col + GEMM call",) + _gemm_call("_fp16sa", "bias_data_fp16") + (1,),
+        ("the fp16 arithmetic make_padding, deferred", _MAKE_PADDING + _ARM_FP16SA_TAIL, _DEFERRED_PADDING + _ARM_FP16SA_TAIL, 1),
+        ("the fp16 arithmetic Winograd calls",) + _winograd_calls("_fp16sa", "bias_data_fp16", "ep_input") + (1,),
+        ("the fp16 arithmetic im2col + GEMM block",) + _gemm_call("_fp16sa", "bias_data_fp16", "ep_input", True) + (1,),
     )),
 )
-WINOGRAD_STRIPS_ARM_PATCH_VERSION = 1
+WINOGRAD_STRIPS_ARM_PATCH_VERSION = 2  # 2: the strips border their own rows
 WINOGRAD_STRIPS_ARM_PATCH_KEY = file_edits_key(WINOGRAD_STRIPS_ARM_PATCH_VERSION, _ARM_FILE_EDITS)
 
 
