@@ -69,14 +69,15 @@ struct EpConvInput
         const int s1 = std::min(src.h, y0 + n - top);
         const int t = s0 - (y0 - top);
         const int b = (y0 + n - top) - s1;
-        if (s0 == 0 && s1 == src.h && t == 0 && b == 0 && left == 0 && right == 0)
+        const bool unbordered = t == 0 && b == 0 && left == 0 && right == 0;
+        if (unbordered && s0 == 0 && s1 == src.h)
         {
             dst = src;
             return 0;
         }
         Mat view(src.w, s1 - s0, src.c, (unsigned char*)src.data + (size_t)s0 * src.w * src.elemsize, src.elemsize, src.elempack);
         view.cstep = src.cstep;
-        if (t == 0 && b == 0 && left == 0 && right == 0)
+        if (unbordered)
         {
             dst = view;
             return 0;
@@ -101,11 +102,12 @@ static EpConvInput ep_bordered_input(const Mat& bordered)
 static bool ep_deferred_input(const Mat& src, int kernel_extent_w, int kernel_extent_h, int stride_w, int stride_h,
                               int pad_left, int pad_right, int pad_top, int pad_bottom, float pad_value, EpConvInput& in)
 {
-    int t = pad_top, b = pad_bottom, l = pad_left, r = pad_right;
-    if (pad_left > 0 || pad_right > 0 || pad_top > 0 || pad_bottom > 0)
-    {
-    }
-    else if ((pad_left == -233 || pad_left == -234) && pad_right == pad_left && pad_top == pad_left && pad_bottom == pad_left)
+    int t = pad_top, b = pad_bottom, l = pad_left, r = pad_right; // explicit pads: make_padding's first case
+    const bool explicit_pads = pad_left > 0 || pad_right > 0 || pad_top > 0 || pad_bottom > 0;
+    const bool same = (pad_left == -233 || pad_left == -234) && pad_right == pad_left && pad_top == pad_left && pad_bottom == pad_left;
+    if (!explicit_pads && !same)
+        return false;
+    if (!explicit_pads)
     {
         const int wpad = kernel_extent_w + (src.w - 1) / stride_w * stride_w - src.w;
         const int hpad = kernel_extent_h + (src.h - 1) / stride_h * stride_h - src.h;
@@ -117,8 +119,6 @@ static bool ep_deferred_input(const Mat& src, int kernel_extent_w, int kernel_ex
         l = upper ? wpad / 2 : wpad - wpad / 2;
         r = wpad - l;
     }
-    else
-        return false;
     if (src.dims != 3 || t < 0 || b < 0 || l < 0 || r < 0 || t >= kernel_extent_h || b >= kernel_extent_h)
         return false;
     EpConvInput deferred = {src, t, b, l, r, pad_value};
