@@ -25,6 +25,8 @@ from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .batch_reshape_patch import BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape
+from .deconv_strips_patch import (DECONV_STRIPS_ARM_PATCH_KEY, DECONV_STRIPS_PATCH_KEY, patch_deconv_strips,
+                                  patch_deconv_strips_arm)
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
 from .dw_block_patch import DW_BLOCK_ARM_PATCH_KEY, DW_BLOCK_PATCH_KEY, patch_dw_block, patch_dw_block_arm
 from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
@@ -56,7 +58,7 @@ RECIPE_VERSION = 2  # 2: x86_64 gains AVX-512 kernels (and checks them)
 def _arch_patches(target: Target) -> tuple:
     """(cache-key name, version-digest, apply) of the source patches this arch's build applies (exact
     division, buffers reused while loading and batch reshapes copied by rows everywhere; shared
-    InnerProduct kernels, depthwise blocks and convolution strips on x86 and Arm; the x86 kernels only
+    InnerProduct kernels, depthwise blocks, convolution and deconvolution strips on x86 and Arm; the x86 kernels only
     on x86): one list for the key and the build, so they cannot disagree."""
     every_arch = (("exact_div_patch", EXACT_DIV_PATCH_KEY, patch_exact_div),
                   ("load_reuse_patch", LOAD_REUSE_PATCH_KEY, patch_load_reuse),
@@ -64,7 +66,8 @@ def _arch_patches(target: Target) -> tuple:
     if target.arch == "aarch64":
         return every_arch + (("shared_weights_patch", SHARED_WEIGHTS_ARM_PATCH_KEY, patch_shared_weights_arm),
                              ("dw_block_patch", DW_BLOCK_ARM_PATCH_KEY, patch_dw_block_arm),
-                             ("winograd_strips_patch", WINOGRAD_STRIPS_ARM_PATCH_KEY, patch_winograd_strips_arm))
+                             ("winograd_strips_patch", WINOGRAD_STRIPS_ARM_PATCH_KEY, patch_winograd_strips_arm),
+                             ("deconv_strips_patch", DECONV_STRIPS_ARM_PATCH_KEY, patch_deconv_strips_arm))
     if target.arch != "x86_64":
         return every_arch
     return every_arch + (
@@ -82,6 +85,7 @@ def _arch_patches(target: Target) -> tuple:
         ("dw_block_patch", DW_BLOCK_PATCH_KEY, patch_dw_block), ("gelu_erf_patch", GELU_ERF_PATCH_KEY, patch_gelu_erf),
         ("fake_quant_patch", FAKE_QUANT_PATCH_KEY, patch_fake_quant),
         ("winograd_strips_patch", WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips),
+        ("deconv_strips_patch", DECONV_STRIPS_PATCH_KEY, patch_deconv_strips),
         ("winograd_fp16_patch", WINOGRAD_FP16_PATCH_KEY, patch_winograd_fp16),
         ("flush_denormals_patch", FLUSH_DENORMALS_PATCH_KEY, patch_flush_denormals))
 
