@@ -10,6 +10,7 @@ from ...quantized import sums_integers
 from .recurrent_forms import torch_form_gru
 from ...reference import POLICY
 from ...resources import runtimes_dir
+from .constants_last import constants_last
 from .convert import PNNX_VERSION, convert, pnnx_executable
 from .dedup import deduped
 from .dynamic_quant_fold import fold_dynamic_quant
@@ -70,6 +71,8 @@ class NcnnBackend:
         text, dq_folds = fold_dynamic_quant(converted.param.read_text(), converted.output_blobs)
         if dq_folds:
             req.log(f"dynamic quantisation: {dq_folds} chains run as one EpDynQuant layer each")
+        # a constant read first is made before the rest of the graph and held through the run (constants_last.py)
+        text, swaps = constants_last(text)
         if req.target.arch == "x86_64":
             # the chains stock ncnn (the conversion check) runs as four layers, one Clip in edgepack's x86 library
             text, folds = fold_fake_quant(text, converted.output_blobs)
@@ -77,7 +80,7 @@ class NcnnBackend:
                 req.log(f"fake quantisation: {folds} divide-round-clip chains run as one pass each")
             # products of the centred integers by integer weights: int8 quads in edgepack's x86 library
             text, gemvs = mark_integer_gemvs(text)
-        if folds or dq_folds:
+        if folds or dq_folds or swaps:
             req.workdir.mkdir(parents=True, exist_ok=True)
             # one per conversion and arch (rungs share workdir)
             param = req.workdir / f"model-{converted.key}.{req.target.arch}.param"
@@ -120,6 +123,7 @@ class NcnnBackend:
                       "onnx_rewrites": list(converted.rewrites),
                       "fake_quant_folds": folds,
                       "dynamic_quant_folds": dq_folds,
+                      "constants_read_last": swaps,
                       "integer_gemvs_marked": gemvs,
                       "weights_dedup": dedup.manifest() if dedup else None,
                       "batch_items": req.items},
