@@ -581,7 +581,6 @@ int Gemm_x86::ep_forward_int8(const std::vector<Mat>& bottom_blobs, std::vector<
     auto b_at = [&](const short* b, int k, int j) {
         if (ep_u8 == 2)
             return (float)((int)((const unsigned char*)b)[(size_t)(k / 4) * 32 + j * 4 + k % 4] - ep_bshift);
-
         return ep_u8 ? (float)((const signed char*)b)[(size_t)(k / 4) * 32 + j * 4 + k % 4] : (float)b[(size_t)(k / 2) * 16 + j * 2 + k % 2];
     };
     // ep_wb: each thread widens the block of B it works on into its own int16 scratch, read from there by
