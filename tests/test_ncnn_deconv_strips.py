@@ -17,14 +17,12 @@ import subprocess
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from clirun import run_artifact_on, run_edgepack
 from edgepack.backends.ncnn.winograd_strips_patch import STRIP_BYTES
 from edgepack.runner import command_for_cpu
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
-from test_ncnn_winograd_strips import _held_peak
+from test_ncnn_winograd_strips import _held_peak, assert_arm64_builds_match_and_bound_the_tensors
 
 H, W = 96, 64
 # the arena's held-peak allowed, at 1 and 2 threads: halfway between this patch (x86, on AVX-512 natively and
@@ -78,26 +76,5 @@ def test_deconv_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
 
 
 def test_arm64_deconv_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
-    model = _model(tmp_path / "deconv.onnx")
     x = np.random.default_rng(23).standard_normal((1, 16, H, W)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    scale = float(np.abs(want).max())
-    for precision in ("--fp32", "--fp16"):
-        out = tmp_path / precision.strip("-")
-        # the build verifies on cortex-a53 and max against onnxruntime, within its bound for the precision
-        proc = run_edgepack("build", str(model), "--target", "arm64", "--backend", "ncnn", precision,
-                            "--out", str(out), "--json")
-        report = json.loads(proc.stdout) if proc.stdout.strip() else {}
-        assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
-        for cpu in ("cortex-a53", "max"):
-            path = "fp16sa" if (precision, cpu) == ("--fp16", "max") else "fp32"  # the A53 has no fp16 arithmetic
-            for threads in (1, 2):
-                got, err = run_artifact_on(out / "deconv-arm64", cpu, {"x": tmp_path / "x.npy"},
-                                           tmp_path / f"o-{precision}-{cpu}-{threads}", ("y",), threads,
-                                           env={"EDGEPACK_NCNN_TRACE": "1"})
-                diff = float(np.abs(got["y"].reshape(want.shape) - want).max())
-                if precision == "--fp32":
-                    assert diff <= 1e-4 * scale, (precision, cpu, threads, diff)
-                peak = _held_peak(err)
-                assert peak < ARM_HELD_PEAK[path], (precision, cpu, threads, peak)
+    assert_arm64_builds_match_and_bound_the_tensors(_model(tmp_path / "deconv.onnx"), x, tmp_path, ARM_HELD_PEAK)

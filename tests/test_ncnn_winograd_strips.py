@@ -159,28 +159,36 @@ ARM_HELD_PEAK = {("_model", "fp32"): 14.1e6, ("_arm_im2col_model", "fp32"): 10.5
                  ("_model", "fp16sa"): 11.0e6, ("_arm_im2col_model", "fp16sa"): 7.0e6}
 
 
+def assert_arm64_builds_match_and_bound_the_tensors(model, x, tmp_path, held_peak):
+    """`model` (input x, output y) built fp32 and fp16 for arm64, each verified by the build on cortex-a53 and max
+    against onnxruntime within its bound for the precision, then run on both at 1 and 2 threads: fp32 within
+    1e-4 of onnxruntime's scale, and the arena's held-peak under held_peak[path], the layers' path: "fp32", or
+    "fp16sa" (fp16 arithmetic, the fp16 build on max; the A53 has none)."""
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    scale = float(np.abs(want).max())
+    for precision in ("--fp32", "--fp16"):
+        out = tmp_path / f"{model.stem}{precision}"
+        proc = run_edgepack("build", str(model), "--target", "arm64", "--backend", "ncnn", precision,
+                            "--out", str(out), "--json")
+        report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+        assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
+        for cpu in ("cortex-a53", "max"):
+            path = "fp16sa" if (precision, cpu) == ("--fp16", "max") else "fp32"
+            for threads in (1, 2):
+                got, err = run_artifact_on(out / f"{model.stem}-arm64", cpu, {"x": tmp_path / "x.npy"},
+                                           tmp_path / f"o-{model.stem}{precision}-{cpu}-{threads}", ("y",), threads,
+                                           env={"EDGEPACK_NCNN_TRACE": "1"})
+                diff = float(np.abs(got["y"].reshape(want.shape) - want).max())
+                if precision == "--fp32":  # (an fp16 build's weights are fp16 on every CPU)
+                    assert diff <= 1e-4 * scale, (model.stem, precision, cpu, threads, diff)
+                peak = _held_peak(err)
+                assert peak < held_peak[path], (model.stem, precision, cpu, threads, peak)
+
+
 def test_arm64_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
     x = np.random.default_rng(13).standard_normal((1, 32, H, W)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
     for make in (_model, _arm_im2col_model):
-        model = make(tmp_path / f"{make.__name__}.onnx")
-        want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-        scale = float(np.abs(want).max())
-        for precision in ("--fp32", "--fp16"):
-            out = tmp_path / f"{model.stem}{precision}"
-            # the build verifies on cortex-a53 and max against onnxruntime, within its bound for the precision
-            proc = run_edgepack("build", str(model), "--target", "arm64", "--backend", "ncnn", precision,
-                                "--out", str(out), "--json")
-            report = json.loads(proc.stdout) if proc.stdout.strip() else {}
-            assert proc.returncode == 0 and report.get("ok"), proc.stderr[-3000:]
-            art = out / f"{model.stem}-arm64"
-            for cpu in ("cortex-a53", "max"):
-                path = "fp16sa" if (precision, cpu) == ("--fp16", "max") else "fp32"  # the A53 has no fp16 arithmetic
-                for threads in (1, 2):
-                    got, err = run_artifact_on(art, cpu, {"x": tmp_path / "x.npy"}, tmp_path / f"o-{cpu}-{threads}",
-                                               ("y",), threads, env={"EDGEPACK_NCNN_TRACE": "1"})
-                    diff = float(np.abs(got["y"].reshape(want.shape) - want).max())
-                    if precision == "--fp32":  # (an fp16 build's weights are fp16 on every CPU)
-                        assert diff <= 1e-4 * scale, (make.__name__, precision, cpu, threads, diff)
-                    peak = _held_peak(err)
-                    assert peak < ARM_HELD_PEAK[make.__name__, path], (make.__name__, precision, cpu, threads, peak)
+        assert_arm64_builds_match_and_bound_the_tensors(
+            make(tmp_path / f"{make.__name__}.onnx"), x, tmp_path,
+            {path: ARM_HELD_PEAK[make.__name__, path] for path in ("fp32", "fp16sa")})
