@@ -116,7 +116,7 @@ def test_fp16_weights_patch_is_x86_only_and_applies_after_the_edits_it_extends()
 def test_int8_gemm_patch_is_x86_only_and_comes_after_the_fp16_weights():
     # its packing reads B as fp16_weights_patch leaves it (fp16 or fp32), so it must apply after it
     from edgepack.backends.ncnn import library
-    from edgepack.backends.ncnn.int8_gemm_patch import INT8_GEMM_PATCH_KEY, MARK_KEY, _PACK_NEW
+    from edgepack.backends.ncnn.int8_gemm_patch import INT8_GEMM_PATCH_KEY, MARK_KEY, _KERNEL, _PACK_NEW
     from edgepack.targets import TargetMatrix
     matrix = TargetMatrix.load()
     x86 = dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))
@@ -125,7 +125,9 @@ def test_int8_gemm_patch_is_x86_only_and_comes_after_the_fp16_weights():
     assert "int8_gemm_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
     # taken only where the sums cannot overflow int32 and the CPU can run vpmaddwd, and only when marked
     assert "constantK <= 32768" in _PACK_NEW and "cpu_support_x86_avx2()" in _PACK_NEW and "ep_mark == 1" in _PACK_NEW
-    assert "fail = !(v >= -255.f && v <= 255.f) || v != (float)(int)v;" in _PACK_NEW
+    assert "if (!(v >= -255.f && v <= 255.f) || v != (float)(int)v)\n                return 0;" in _KERNEL
+    # both passes (the range on VNNI CPUs, then the packing) go through the one block packer
+    assert _PACK_NEW.count("ep_pack_block(B_data, N, K, K2, nb, ") == 2
     assert MARK_KEY not in range(0, 23) and MARK_KEY < 30   # Gemm reads keys 0-22; 30-31 are the Layer's
 
 

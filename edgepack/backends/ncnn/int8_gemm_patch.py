@@ -59,13 +59,14 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 12  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+INT8_GEMM_PATCH_VERSION = 13  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
 # 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs;
 # 5: an even count of pairs (no kernel tail); 6: 16-row packed outputs stored column by column too;
 # 7: 16 x 8 blocks in 512-bit registers on AVX-512 VNNI; 8: one store of column blocks for both (same code);
 # 9: B that fits int8 as int8 quads, A as uint8 + an offset, vpdpbusd on VNNI CPUs; 10: B spanning 255 or less
 # as uint8 (shifted), A as int8 (shifted); 11: A converted in parallel, block by block; 12: on AVX2 CPUs
-# without VNNI, B kept as bytes (a shift per 8-column block), widened block by block into a per-thread scratch
+# without VNNI, B kept as bytes (a shift per 8-column block), widened block by block into a per-thread scratch;
+# 13: on VNNI CPUs, B's range found first and B packed straight to byte quads, block by block (no whole int16 B)
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -230,16 +231,10 @@ __attribute__((target("avx2"))) static void ep_widen_b(const unsigned char* src,
         _mm256_storeu_si256((__m256i*)(dst + i), _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(src + i))), s));
 }
 
-// One 8-column block of B as int16 pairs (n values) to bytes, each value + shift (the block's least value
-// taken to 0); 0 when the block spans more than 255
-static int ep_narrow_b(const short* src, size_t n, unsigned char* dst, int* shift)
+// One 8-column block of B as int16 pairs (n values, least lo, greatest hi) to bytes, each value + shift (the
+// block's least value taken to 0); 0 when the block spans more than 255
+static int ep_narrow_b(const short* src, size_t n, int lo, int hi, unsigned char* dst, int* shift)
 {
-    int lo = 0, hi = 0;
-    for (size_t i = 0; i < n; i++)
-    {
-        lo = std::min(lo, (int)src[i]);
-        hi = std::max(hi, (int)src[i]);
-    }
     if (hi - lo > 255)
         return 0;
     *shift = -lo;
@@ -362,51 +357,47 @@ __attribute__((target("avx2"))) static void ep_a8_block_packed(const float* base
     _mm256_storeu_si256((__m256i*)rowsum, sum);
 }
 
-// B packed as int16 pairs (as create_pipeline packs it) repacked as byte quads, [N/8][K4][8][4] with K4 an
-// even count, and its column sums: int8 when every value fits (returns 1, shift 0), else uint8 of B + shift
-// when B spans at most 255 (returns 2); 0 (b untouched) when it spans more
-static int ep_b_to_bytes(Mat& b, Mat& colsum, int K, int NB, int* shift)
+// One 8-column block of B (the transposed B's rows nb * 8 .. nb * 8 + 7) as int16 pairs, [K2][8][2], into b
+// (unless b is null), and its least and greatest value (the zero padding among them); 0 when a value is not
+// an integer in [-255, 255] (float weights: at the first)
+static int ep_pack_block(const Mat& B, int N, int K, int K2, int nb, short* b, int* lo, int* hi)
 {
-    const int K4 = (K + 7) / 8 * 2;
-    int lo = 0, hi = 0;
-    for (int nb = 0; nb < NB; nb++)
+    int l = 0, h = 0;
+    for (int j = 0; j < 8; j++)
     {
-        const short* p = (const short*)b.row<const unsigned char>(nb);
-        for (int j = 0; j < 8; j++)
-            for (int k = 0; k < K; k++)
-            {
-                const int v = p[(size_t)(k / 2) * 16 + j * 2 + k % 2];
-                lo = std::min(lo, v);
-                hi = std::max(hi, v);
-            }
-    }
-    const int mode = lo >= -128 && hi <= 127 ? 1 : hi - lo <= 255 ? 2 : 0;
-    if (!mode)
-        return 0;
-    *shift = mode == 2 ? -lo : 0;
-    Mat b8(K4 * 32, NB, (size_t)1u, (Allocator*)0);
-    colsum.create(NB * 8, (size_t)4u, (Allocator*)0);
-    if (b8.empty() || colsum.empty())
-        return 0;
-    for (int nb = 0; nb < NB; nb++)
-    {
-        const short* p = (const short*)b.row<const unsigned char>(nb);
-        unsigned char* q = b8.row<unsigned char>(nb);
-        memset(q, 0, (size_t)K4 * 32); // padding: 0 in either form (no share of A's shift)
-        for (int j = 0; j < 8; j++)
+        const int n = nb * 8 + j;
+        for (int k = 0; k < K2 * 2; k++)
         {
-            int sum = 0;
-            for (int k = 0; k < K; k++)
-            {
-                const int v = p[(size_t)(k / 2) * 16 + j * 2 + k % 2];
-                q[(size_t)(k / 4) * 32 + j * 4 + k % 4] = (unsigned char)(v + *shift);
-                sum += v;
-            }
-            ((int*)colsum.data)[nb * 8 + j] = sum;
+            const float v = n < N && k < K ? ep_b_value(B, (size_t)n * K + k) : 0.f;
+            if (!(v >= -255.f && v <= 255.f) || v != (float)(int)v)
+                return 0;
+            l = std::min(l, (int)v);
+            h = std::max(h, (int)v);
+            if (b)
+                b[(size_t)(k / 2) * 16 + j * 2 + k % 2] = (short)(int)v;
         }
     }
-    b = b8;
-    return mode;
+    *lo = l;
+    *hi = h;
+    return 1;
+}
+
+// One 8-column block of B as int16 pairs (p) to byte quads, [K4][8][4] (K4 an even count), each value + shift,
+// and its 8 column sums (unshifted; the correction for A's shift)
+static void ep_quads_block(const short* p, int K, int K4, int shift, unsigned char* q, int* colsum)
+{
+    memset(q, 0, (size_t)K4 * 32); // padding: 0 in either form (no share of A's shift)
+    for (int j = 0; j < 8; j++)
+    {
+        int sum = 0;
+        for (int k = 0; k < K; k++)
+        {
+            const int v = p[(size_t)(k / 2) * 16 + j * 2 + k % 2];
+            q[(size_t)(k / 4) * 32 + j * 4 + k % 4] = (unsigned char)(v + shift);
+            sum += v;
+        }
+        colsum[j] = sum;
+    }
 }
 
 } // namespace
@@ -717,9 +708,9 @@ _PACK_OLD = """    if (constantB)
         int TILE_M, TILE_N, TILE_K;
         get_optimal_tile_mnk(0, N, K,"""
 _PACK_NEW = """#if __AVX__
-    // edgepack (int8_gemm_patch.py): a marked B packed as int16 pairs instead, when every value is an
-    // integer in [-255, 255]; checked while packing (one pass: B's 8.4M fp16 values in ddddocr_old_int8),
-    // each block of 8 rows stopping at its first value that is not (float weights: at once)
+    // edgepack (int8_gemm_patch.py): a marked B packed for integer sums instead, when every value is an
+    // integer in [-255, 255]; checked while packing (B's 8.4M fp16 values in ddddocr_old_int8; twice on VNNI
+    // CPUs), each block of 8 rows stopping at its first value that is not (float weights: at once)
     const int ep_c = constantC ? constant_broadcast_type_C : -1;
     if (constantB && !constantA && transB && !transA && bottoms.size() == 1 && alpha == 1.f
             && (ep_c == -1 || ep_c == 0 || ep_c == 1 || ep_c == 2 || ep_c == 4)
@@ -730,48 +721,65 @@ _PACK_NEW = """#if __AVX__
         const int K = constantK;
         const int K2 = (K + 3) / 4 * 2; // pairs, an even count (ep_b is packed the same way)
         const int NB = (N + 7) / 8;
+        const int K4 = (K + 7) / 8 * 2; // byte quads, an even count
         ep_isa = cpu_support_x86_avx512_vnni() ? 2 : cpu_support_x86_avx_vnni() ? 1 : 0;
-        // AVX2 without VNNI: B goes to bytes block by block, through an int16 scratch per thread, so the
-        // int16 packing of the whole B never exists (ddddocr_old_int8's classifier: 16.8 MB)
+        // B goes to its packed form block by block, through an int16 scratch per thread, so the int16
+        // packing of the whole B never exists beside B's own weights (ddddocr_old_int8's classifier: 16.8 MB
+        // each). AVX2 without VNNI keeps bytes in the int16 pairs' order, each block shifted; VNNI CPUs keep
+        // byte quads, int8 or uint8 and one shift, which B's range decides: found first, in a pass that copies nothing
         ep_wb = ep_isa == 0;
-        ep_b.create(ep_wb ? K2 * 16 : K2 * 32, NB, (size_t)1u, (Allocator*)0);
         Mat ep_bad(NB, (size_t)4u, (Allocator*)0);
-        Mat scratch;
-        if (ep_wb)
-        {
-            ep_wshift.create(NB, (size_t)4u, (Allocator*)0);
-            scratch.create(K2 * 32, opt.num_threads, (size_t)1u, (Allocator*)0);
-        }
-        if (ep_b.empty() || ep_bad.empty() || (ep_wb && (ep_wshift.empty() || scratch.empty())))
+        Mat ep_range(2, NB, (size_t)4u, (Allocator*)0);
+        Mat scratch(K2 * 32, opt.num_threads, (size_t)1u, (Allocator*)0);
+        if (ep_bad.empty() || ep_range.empty() || scratch.empty())
             return -100;
-        #pragma omp parallel for num_threads(opt.num_threads)
-        for (int nb = 0; nb < NB; nb++)
-        {
-            short* b = (short*)(ep_wb ? scratch.row<unsigned char>(get_omp_thread_num()) : ep_b.row<unsigned char>(nb));
-            int fail = 0;
-            for (int j = 0; j < 8 && !fail; j++)
-            {
-                const int n = nb * 8 + j;
-                for (int k = 0; k < K2 * 2 && !fail; k++)
-                {
-                    const float v = n < N && k < K ? ep_b_value(B_data, (size_t)n * K + k) : 0.f;
-                    fail = !(v >= -255.f && v <= 255.f) || v != (float)(int)v;
-                    b[(size_t)(k / 2) * 16 + j * 2 + k % 2] = fail ? 0 : (short)(int)v;
-                }
-            }
-            // a block spanning more than 255 cannot be bytes: ncnn's fp32 Gemm takes the layer
-            if (ep_wb && !fail)
-                fail = !ep_narrow_b(b, (size_t)K2 * 16, ep_b.row<unsigned char>(nb), (int*)ep_wshift.data + nb);
-            ((int*)ep_bad.data)[nb] = fail;
-        }
+        int* bad = (int*)ep_bad.data;
         ep_int8 = 1;
-        for (int nb = 0; nb < NB; nb++)
-            ep_int8 &= !((const int*)ep_bad.data)[nb];
+        if (ep_isa > 0)
+        {
+            #pragma omp parallel for num_threads(opt.num_threads)
+            for (int nb = 0; nb < NB; nb++)
+                bad[nb] = !ep_pack_block(B_data, N, K, K2, nb, 0, ep_range.row<int>(nb), ep_range.row<int>(nb) + 1);
+            int lo = 0, hi = 0;
+            for (int nb = 0; nb < NB; nb++)
+            {
+                ep_int8 &= !bad[nb];
+                lo = std::min(lo, ep_range.row<const int>(nb)[0]);
+                hi = std::max(hi, ep_range.row<const int>(nb)[1]);
+            }
+            // int8 when every value fits, else uint8 of B + shift when B spans at most 255, else int16 pairs
+            ep_u8 = lo >= -128 && hi <= 127 ? 1 : hi - lo <= 255 ? 2 : 0;
+            ep_bshift = ep_u8 == 2 ? -lo : 0;
+        }
+        if (ep_int8)
+        {
+            ep_b.create(ep_wb ? K2 * 16 : ep_u8 ? K4 * 32 : K2 * 32, NB, (size_t)1u, (Allocator*)0);
+            if (ep_wb)
+                ep_wshift.create(NB, (size_t)4u, (Allocator*)0);
+            if (ep_u8)
+                ep_colsum.create(NB * 8, (size_t)4u, (Allocator*)0);
+            if (ep_b.empty() || (ep_wb && ep_wshift.empty()) || (ep_u8 && ep_colsum.empty()))
+                return -100;
+            #pragma omp parallel for num_threads(opt.num_threads)
+            for (int nb = 0; nb < NB; nb++)
+            {
+                const int direct = ep_isa > 0 && !ep_u8; // int16 pairs, kept as packed
+                short* b = (short*)(direct ? ep_b.row<unsigned char>(nb) : scratch.row<unsigned char>(get_omp_thread_num()));
+                int lo = 0, hi = 0;
+                int fail = !ep_pack_block(B_data, N, K, K2, nb, b, &lo, &hi);
+                // a block spanning more than 255 cannot be bytes: ncnn's fp32 Gemm takes the layer
+                if (ep_wb && !fail)
+                    fail = !ep_narrow_b(b, (size_t)K2 * 16, lo, hi, ep_b.row<unsigned char>(nb), (int*)ep_wshift.data + nb);
+                if (ep_u8 && !fail)
+                    ep_quads_block(b, K, K4, ep_bshift, ep_b.row<unsigned char>(nb), (int*)ep_colsum.data + nb * 8);
+                bad[nb] = fail;
+            }
+            for (int nb = 0; nb < NB; nb++)
+                ep_int8 &= !bad[nb];
+        }
         if (ep_int8)
         {
             B_data.release();
-            if (ep_isa > 0)
-                ep_u8 = ep_b_to_bytes(ep_b, ep_colsum, K, NB, &ep_bshift);
             if (ep_int8_trace())
                 NCNN_LOGE("edgepack int8 gemm: %d x %d taken (%s, %s)", N, K,
                           ep_u8 == 1 ? "uint8 x int8" : ep_u8 == 2 ? "int8 x uint8" : ep_wb ? "int16 pairs, B as bytes"
@@ -781,7 +789,10 @@ _PACK_NEW = """#if __AVX__
         {
             ep_b.release();
             ep_wshift.release();
+            ep_colsum.release();
             ep_wb = 0;
+            ep_u8 = 0;
+            ep_bshift = 0;
         }
     }
 #endif // __AVX__
