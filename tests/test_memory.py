@@ -6,7 +6,10 @@ embedded .bin (the old path) touched every page of it, so a model's peak RSS was
 weights plus their repacked copy: 2x the weights. The engine now hands each page of the embedded
 copy back as soon as the loader has moved past it, so the peak is the repacked weights plus one layer.
 An MLP of eight equal fp32 layers makes the difference plain: 2x the weights before, ~1.2x now; the
-bound sits between them, so the old path fails this test.
+bound sits between them, so the old path fails this test. The engine reads the embedded blobs with
+pread on its own executable, so no page of the weights is mapped at all (where the kernel keeps files
+in large folios, one touch mapped a whole 2 MiB folio, and handing it back did not hold); without /proc
+it reads through the mapping as before.
 
 ncnn keeps a 3x3 convolution's Winograd F(4,3) kernel at 4x its fp32 weights for the net's life;
 `--memory lean` masks Winograd (param key 31) on layers whose kernel exceeds 1 MiB, so a stack of
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from clirun import host_cpu_flags
@@ -51,21 +55,51 @@ def mlp(path: Path) -> Path:
     return path
 
 
-def test_peak_rss_holds_the_weights_once(tmp_path):
-    model = mlp(tmp_path / "mlp.onnx")
+@pytest.fixture(scope="module")
+def mlp_artifact(tmp_path_factory) -> tuple[str, int]:
+    """The MLP built for x86_64 (fp32 weights, embedded as they are), and its embedded weight bytes."""
+    tmp = tmp_path_factory.mktemp("mlp")
+    model = mlp(tmp / "mlp.onnx")
     proc = run_edgepack("build", model, "--target", "x86_64", "--backend", "ncnn", "--fp32", "--out",
-                        tmp_path / "dist", "--json")
+                        tmp / "dist", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout)["results"][0]
     weights = json.loads(Path(res["file"] + ".json").read_text())["artifact"]["weight_bytes"]
     assert weights >= LAYERS * WIDTH * WIDTH * 4  # fp32 weights, embedded as they are
-    bench = subprocess.run([res["file"], "bench", "--runs", "2", "--warmup", "0", "--threads", "1", "--json"],
+    return res["file"], weights
+
+
+def test_peak_rss_holds_the_weights_once(mlp_artifact):
+    art, weights = mlp_artifact
+    bench = subprocess.run([art, "bench", "--runs", "2", "--warmup", "0", "--threads", "1", "--json"],
                            capture_output=True, text=True, timeout=300, check=True)
     peak = json.loads(bench.stdout)["peak_rss_kb"] * 1024
     # repacked weights (1x) + one layer's copy while it is repacked (1/8) + runtime and I/O (a few MB);
     # the old path needed >= 2x
     assert peak < 1.5 * weights, (peak / 2**20, weights / 2**20)
     assert peak > weights  # the measurement is real: the repacked weights are resident
+
+
+def _pread_bytes(strace_log: Path) -> int:
+    """Bytes the traced process read with pread64, from strace's log."""
+    return sum(int(m) for m in re.findall(r"pread64\(\d+, .*\) = (\d+)$", strace_log.read_text(), re.M))
+
+
+def test_weights_are_read_from_the_file_not_through_the_mapping(mlp_artifact, tmp_path):
+    art, weights = mlp_artifact
+    log = tmp_path / "strace.log"
+    proc = subprocess.run(["strace", "-f", "-e", "trace=pread64,open,openat", "-o", str(log), art, "selftest"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert '"/proc/self/exe"' in log.read_text()
+    # every weight byte came by pread (the .param's text and the golden data besides): none by the mapping
+    assert _pread_bytes(log) >= weights, (_pread_bytes(log), weights)
+    # without /proc (a mount namespace with an empty one): the same answer, read through the mapping
+    proc = subprocess.run(["unshare", "-r", "-m", "--propagation", "private", "sh", "-c",
+                           f'mount -t tmpfs none /proc && exec strace -f -e trace=pread64 -o "{log}" "{art}" selftest'],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert _pread_bytes(log) == 0
 
 
 CONVS, CH, HW = 6, 128, 16  # 6 x 128x128x3x3: 3.4 MiB fp32 weights, 13.5 MiB of F(4,3) kernels

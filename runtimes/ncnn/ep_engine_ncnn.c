@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "ep_blob_file.h"     /* the blobs read with pread, not through the mapping */
 #include "ep_ncnn_switches.h" /* the EDGEPACK_NCNN_OPTIONS parser, fuzzed apart from ncnn */
 #include "ncnn/c_api.h"
 
@@ -85,6 +86,7 @@ typedef struct {
     uintptr_t frontier;          /* the furthest stored byte read so far */
     uintptr_t released;  /* [released, page of frontier) may go back to the kernel */
     uintptr_t limit;     /* end of the file-backed read-only mapping holding the weights; 0: none */
+    const ep_blob_file *file;  /* where reads go first (pread); what it cannot give comes from the mapping */
 } weight_reader;
 
 static _Thread_local weight_reader *tl_reader;  /* ncnn's C reader has no slot for our state */
@@ -107,9 +109,7 @@ static void row_of(const weight_reader *r, uint64_t i, uint64_t *len, uint64_t *
 
 /* Checks the map against the stored bytes (every row inside them, lengths summing to the stated
  * size) and sets the reader up; returns the stream's length, or (size_t)-1 if the map is malformed. */
-static size_t weight_map_open(weight_reader *r, const ep_blob *map) {
-    size_t n = ep_blob_size(map);
-    const unsigned char *m = map->data;
+static size_t weight_map_open(weight_reader *r, const unsigned char *m, size_t n) {
     if (n < EP_WMAP_HEAD || memcmp(m, EP_WMAP_MAGIC, 8) != 0) return (size_t)-1;
     uint64_t logical = le64(m + 8), nrows = le64(m + 16);
     if (nrows > (n - EP_WMAP_HEAD) / 16 || n - EP_WMAP_HEAD != nrows * 16 || logical > SIZE_MAX) return (size_t)-1;
@@ -123,25 +123,6 @@ static size_t weight_map_open(weight_reader *r, const ep_blob *map) {
         total += len;
     }
     return total == logical ? (size_t)logical : (size_t)-1;
-}
-
-/* The end of the read-only, file-backed mapping containing [lo, hi), or 0 if there is none. */
-static uintptr_t file_mapping_end(uintptr_t lo, uintptr_t hi) {
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f) return 0;
-    char line[512];
-    uintptr_t found = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long a, b, inode;
-        char perms[8];
-        if (sscanf(line, "%lx-%lx %7s %*s %*s %lu", &a, &b, perms, &inode) != 4) continue;
-        if (a <= lo && hi <= b && perms[1] == '-' && inode != 0) {
-            found = b;
-            break;
-        }
-    }
-    fclose(f);
-    return found;
 }
 
 static uintptr_t page_size(void) { return (uintptr_t)sysconf(_SC_PAGESIZE); }
@@ -188,8 +169,10 @@ static size_t weight_read(ncnn_datareader_t dr, void *buf, size_t size) {
          * 16 MiB classifier put both at once into the load's peak) */
         if (n > EP_READ_PIECE) n = EP_READ_PIECE;
         const unsigned char *src = r->base + off + r->row_used;
-        memcpy((unsigned char *)buf + done, src, n);
-        release_after(r, src, n);
+        if (!ep_blob_file_read(r->file, (unsigned char *)buf + done, src, n)) {
+            memcpy((unsigned char *)buf + done, src, n);
+            release_after(r, src, n);
+        }
         done += n;
         r->row_used += n;
         if (r->row_used == len) {
@@ -201,39 +184,73 @@ static size_t weight_read(ncnn_datareader_t dr, void *buf, size_t size) {
     return done;
 }
 
-/* Loads the weights (through the map, when the build made one) with weight_read; returns the bytes of
- * the stream consumed, or (size_t)-1 on error. *stream is set to the stream's length. */
-static size_t load_weights(ncnn_net_t net, const ep_blob *bin, const ep_blob *map, size_t *stream) {
-    size_t n = ep_blob_size(bin);
-    const unsigned char *data = bin->data;
-    uintptr_t page = page_size();
-    weight_reader r = {data, n, NULL, 1, 0, 0, 0, (uintptr_t)data, ((uintptr_t)data + page - 1) & ~(page - 1), 0};
-    *stream = map ? weight_map_open(&r, map) : n;
-    if (*stream == (size_t)-1) return (size_t)-1;
-    if (n) r.limit = file_mapping_end((uintptr_t)data, (uintptr_t)data + n);
+/* Runs ncnn's weight loading over reader r. */
+static size_t load_weights_from(ncnn_net_t net, weight_reader *r, const ep_blob_file *file) {
+    const uintptr_t data = (uintptr_t)r->base;
+    /* the madvise path (weights read through the mapping) only inside the mapping found */
+    if (r->size && file->end && data >= file->start && r->size <= file->end - data) r->limit = file->end;
     ncnn_datareader_t dr = ncnn_datareader_create();
     if (!dr) return (size_t)-1;
     dr->read = weight_read;
-    tl_reader = &r;
+    tl_reader = r;
     ep_ncnn_load_reuse(1); /* a layer's freed load buffers go to the next layer, not back to the kernel */
     int rc = ncnn_net_load_model_datareader(net, dr);
     ep_ncnn_load_reuse(0);
     tl_reader = NULL;
     ncnn_datareader_destroy(dr);
     /* every read copied its bytes out, so no page of the blob is needed any more */
-    if (r.limit) release_pages((uintptr_t)data, (uintptr_t)data + n, 1);
-    return rc == 0 ? r.consumed : (size_t)-1;
+    if (r->limit) release_pages(data, data + r->size, 1);
+    return rc == 0 ? r->consumed : (size_t)-1;
 }
 
-/* This process's VmRSS and VmHWM in KiB (for EDGEPACK_NCNN_TRACE). */
-static void vm_kb(long *rss, long *hwm) {
-    *rss = *hwm = -1;
+/* A blob's bytes copied to the heap from the file (NUL-terminated, for the .param's text); NULL when
+ * the file cannot give them (then read the blob where it lies) or out of memory. Free with free(). */
+static unsigned char *blob_copy(const ep_blob_file *file, const ep_blob *b) {
+    size_t n = ep_blob_size(b);
+    unsigned char *copy = n < SIZE_MAX ? malloc(n + 1) : NULL;
+    if (copy && !ep_blob_file_read(file, copy, b->data, n)) {
+        free(copy);
+        return NULL;
+    }
+    if (copy) copy[n] = 0;
+    return copy;
+}
+
+/* Loads the weights (through the map, when the build made one) with weight_read; returns the bytes of
+ * the stream consumed, or (size_t)-1 on error. *stream is set to the stream's length, (size_t)-1 when
+ * the map is malformed. */
+static size_t load_weights(ncnn_net_t net, const ep_blob *bin, const ep_blob *map, const ep_blob_file *file,
+                           size_t *stream) {
+    size_t n = ep_blob_size(bin);
+    const unsigned char *data = bin->data;
+    uintptr_t page = page_size();
+    weight_reader r = {data, n, NULL, 1, 0, 0, 0, (uintptr_t)data, ((uintptr_t)data + page - 1) & ~(page - 1), 0, file};
+    if (map) {
+        unsigned char *rows = blob_copy(file, map); /* read all through the load: kept off the mapping too */
+        *stream = weight_map_open(&r, rows ? rows : map->data, ep_blob_size(map));
+        if (*stream == (size_t)-1) {
+            free(rows);
+            return (size_t)-1;
+        }
+        size_t used = load_weights_from(net, &r, file);
+        free(rows);
+        return used;
+    }
+    *stream = n;
+    return load_weights_from(net, &r, file);
+}
+
+/* This process's VmRSS, VmHWM and RssFile (the part of VmRSS that maps files) in KiB (for
+ * EDGEPACK_NCNN_TRACE). */
+static void vm_kb(long *rss, long *hwm, long *file) {
+    *rss = *hwm = *file = -1;
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return;
     char line[256];
     while (fgets(line, sizeof line, f)) {
         sscanf(line, "VmRSS: %ld kB", rss);
         sscanf(line, "VmHWM: %ld kB", hwm);
+        sscanf(line, "RssFile: %ld kB", file);
     }
     fclose(f);
 }
@@ -243,14 +260,14 @@ static void vm_kb(long *rss, long *hwm) {
 static void trace(const ncnn_allocator_t arena, const char *stage) {
     const char *t = getenv("EDGEPACK_NCNN_TRACE");
     if (!t || strcmp(t, "1") != 0) return;
-    long rss, hwm;
-    vm_kb(&rss, &hwm);
+    long rss, hwm, file;
+    vm_kb(&rss, &hwm, &file);
     size_t touched, live, peak;
     if (ep_ncnn_arena_stats(arena, &touched, &live, &peak) == 0)
-        fprintf(stderr, "ncnn-trace: %s VmRSS=%ld kB VmHWM=%ld kB arena touched=%zu kB held=%zu kB held-peak=%zu kB\n",
-                stage, rss, hwm, touched >> 10, live >> 10, peak >> 10);
+        fprintf(stderr, "ncnn-trace: %s VmRSS=%ld kB VmHWM=%ld kB RssFile=%ld kB arena touched=%zu kB held=%zu kB held-peak=%zu kB\n",
+                stage, rss, hwm, file, touched >> 10, live >> 10, peak >> 10);
     else
-        fprintf(stderr, "ncnn-trace: %s VmRSS=%ld kB VmHWM=%ld kB\n", stage, rss, hwm);
+        fprintf(stderr, "ncnn-trace: %s VmRSS=%ld kB VmHWM=%ld kB RssFile=%ld kB\n", stage, rss, hwm, file);
 }
 
 /* ncnn's x86/Arm switches, from a comma-separated "key=value" list: winograd, sgemm, packing,
@@ -338,6 +355,19 @@ static int items_of(const ep_model_spec *spec) {
     return (int)n;
 }
 
+/* The file holding the model's blobs (.param, weights, map), for reading them with pread. */
+static void blob_file_open(ep_blob_file *file, const ep_model_spec *spec) {
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (int i = 0; i < spec->n_model_blobs && i < 3; i++) {
+        uintptr_t p = (uintptr_t)spec->model_blobs[i].data;
+        size_t n = ep_blob_size(&spec->model_blobs[i]);
+        if (!n) continue;
+        if (p < lo) lo = p;
+        if (p + n > hi) hi = p + n;
+    }
+    ep_blob_file_open(file, (const void *)lo, hi > lo ? hi - lo : 0);
+}
+
 static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_status *st) {
     *out = NULL;
     int src = ep_spec_check(spec, st);
@@ -388,12 +418,20 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
         return ep_fail(st, EP_ERR_MODEL, "ncnn refused the engine's own layers");
     }
     const ep_blob *param = &spec->model_blobs[0], *bin = &spec->model_blobs[1];
-    if (ncnn_net_load_param_memory(e->net, (const char *)param->data) != 0) {
+    const ep_blob *map = spec->n_model_blobs > 2 ? &spec->model_blobs[2] : NULL;
+    ep_blob_file file;
+    blob_file_open(&file, spec);
+    unsigned char *text = blob_copy(&file, param);
+    int prc = ncnn_net_load_param_memory(e->net, (const char *)(text ? text : param->data));
+    free(text);
+    if (prc != 0) {
+        ep_blob_file_close(&file);
         ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "ncnn rejected the embedded .param (unknown layer type?)");
     }
     size_t stream = 0;
-    size_t used = load_weights(e->net, bin, spec->n_model_blobs > 2 ? &spec->model_blobs[2] : NULL, &stream);
+    size_t used = load_weights(e->net, bin, map, &file, &stream);
+    ep_blob_file_close(&file);
     if (stream == (size_t)-1) {
         ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "the embedded weight map is malformed (rebuild the artifact)");

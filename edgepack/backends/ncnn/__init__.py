@@ -107,8 +107,8 @@ class NcnnBackend:
             req.log(f"batch of {req.items}: the batch-1 graph runs once per item")
         return EngineBuild(
             backend=self.name,
-            sources=(runtimes_dir() / "ncnn" / "ep_engine_ncnn.c", runtimes_dir() / "ncnn" / "ep_ncnn_pool.cc",
-                     runtimes_dir() / "ncnn" / "ep_ncnn_layers.cc"),
+            sources=(runtimes_dir() / "ncnn" / "ep_engine_ncnn.c", runtimes_dir() / "ncnn" / "ep_blob_file.c",
+                     runtimes_dir() / "ncnn" / "ep_ncnn_pool.cc", runtimes_dir() / "ncnn" / "ep_ncnn_layers.cc"),
             include_dirs=(lib.include,),
             link_inputs=(layer_obj, lib.lib),
             model_blobs=blobs,
