@@ -610,6 +610,17 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
             model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
             prep.golden_outputs, without_measurements(manifest), workdir / "bundle", staged, tc))
         log(f"[{target.name}] bundled {built.size / 1e6:.2f} MB in {time.monotonic() - t_stage:.1f} s")
+        if engine.backend == "ncnn" and NATIVE in target.verify_cpus:
+            # offsets for the arena's tensors, planned from runs on this machine (backends/ncnn/arena_plan.py)
+            from .backends.ncnn.arena_plan import plan_arena
+            t_stage = time.monotonic()
+            planned = plan_arena(engine, staged, workdir / "arena", log=lambda m: log(f"[{target.name}] {m}"))
+            if planned is not engine:
+                engine, manifest = planned, manifest_for(prep, target, planned, tc, opts, kept)
+                built = bundle(BundleRequest(
+                    model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
+                    prep.golden_outputs, without_measurements(manifest), workdir / "bundle-planned", staged, tc))
+                log(f"[{target.name}] planned and bundled again in {time.monotonic() - t_stage:.1f} s")
         t_stage = time.monotonic()
         verification = None
         if opts.verify:

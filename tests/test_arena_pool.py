@@ -2,9 +2,11 @@
 under AddressSanitizer + UBSan: tests/fuzz/arena_pool_stress.cc walks seeded random requests and
 frees, sizes up to past the arena's end, and fails if a block is misaligned, overlaps another, is
 handed out again differently on a second identical walk, or if the freed blocks do not merge back
-into one. The artifacts themselves run on the arena in every other NCNN test."""
+into one; then an arena given a plan (the offsets first fit took) must place every request as planned,
+and one given random offsets must refuse those that are not free. The artifacts themselves run on the arena in every other NCNN test."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -39,3 +41,5 @@ def test_arena_blocks_never_overlap_and_merge_back(stress_exe, seed):
     # "arena stress: 30000 steps, N blocks from the arena, M past it, top T bytes": both paths taken
     from_arena, past = int(out[4]), int(out[9])
     assert from_arena > 1000 and past > 10, proc.stdout
+    # the plans' walks (followed to the same places, random places refused, malformed blobs refused)
+    assert re.search(r"arena plans: [1-9]\d* requests followed", proc.stdout), proc.stdout

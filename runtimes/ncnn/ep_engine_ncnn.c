@@ -2,6 +2,7 @@
  * through ncnn's C API.
  *
  * Options from the spec: ncnn.in.<i> / ncnn.out.<i> (blob names), ncnn.batch_axis.<i>
+ * ncnn.arena_plan (the index of the model blob holding the arena's plan, arena_plan.py),
  * ("0" when the ONNX dim 0 is a batch dim ncnn does not see, "none" otherwise),
  * ncnn.fp32 ("1" forces fp32 storage and arithmetic), ncnn.fp16_arithmetic ("0": fp16 storage only).
  * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights, model_blobs[2] (optional)
@@ -28,6 +29,9 @@ ncnn_allocator_t ep_ncnn_best_fit_pool_create(unsigned slack_pct); /* ep_ncnn_po
 int ep_ncnn_register_layers(ncnn_net_t net);                      /* ep_ncnn_layers.cc */
 ncnn_allocator_t ep_ncnn_arena_pool_create(size_t reserve);        /* ep_ncnn_pool.cc */
 int ep_ncnn_arena_stats(ncnn_allocator_t a, size_t *touched, size_t *live, size_t *live_peak);
+int ep_ncnn_arena_set_plan(ncnn_allocator_t a, const unsigned char *blob, size_t n, int threads);
+void ep_ncnn_arena_run_begin(ncnn_allocator_t a);
+void ep_ncnn_arena_log(ncnn_allocator_t a, FILE *log);
 void ep_ncnn_load_reuse(int on); /* libncnn's src/allocator.cpp (load_reuse_patch.py) */
 #if defined(__x86_64__) /* isa_cap_patch.py patches x86_64 builds only */
 int ep_ncnn_cap_x86_isa(int level); /* libncnn's src/cpu.cpp (isa_cap_patch.py) */
@@ -43,6 +47,7 @@ typedef struct {
     ncnn_option_t opt;
     ncnn_allocator_t blob_alloc, work_alloc; /* only when an option asks for shared pools */
     int items; /* a batch of this many runs the batch-1 graph once per item (edgepack/batch_items.py) */
+    FILE *arena_log; /* EDGEPACK_NCNN_ARENA_LOG: the arena's requests, for the build's plan */
 } ncnn_engine;
 
 static const char *ncnn_describe(void) { return "ncnn"; }
@@ -355,6 +360,25 @@ static int items_of(const ep_model_spec *spec) {
     return (int)n;
 }
 
+/* The build's plan for the arena (option ncnn.arena_plan: the blob's index), when the engine runs on the
+ * arena; 0 when set or when there is none, -1 when malformed. */
+static int set_arena_plan(ncnn_engine *e, const ep_blob_file *file) {
+    const char *idx = ep_option_get(e->spec, "ncnn.arena_plan", NULL);
+    if (!idx) return 0;
+    char *end;
+    long i = strtol(idx, &end, 10);
+    if (*end || i < 3 || i >= e->spec->n_model_blobs) return -1;
+    const ep_blob *b = &e->spec->model_blobs[i];
+    unsigned char *copy = blob_copy(file, b);
+    const unsigned char *plan = copy ? copy : b->data;
+    int rc = 0;
+    size_t touched, live, peak;
+    if (ep_ncnn_arena_stats(e->blob_alloc, &touched, &live, &peak) == 0)  /* pool= switches may replace it */
+        rc = ep_ncnn_arena_set_plan(e->blob_alloc, plan, ep_blob_size(b), ncnn_option_get_num_threads(e->opt));
+    free(copy);
+    return rc;
+}
+
 /* The file holding the model's blobs (.param, weights, map), for reading them with pread. */
 static void blob_file_open(ep_blob_file *file, const ep_model_spec *spec) {
     uintptr_t lo = UINTPTR_MAX, hi = 0;
@@ -410,6 +434,15 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
         ncnn_close(e);
         return swrc;
     }
+    const char *log_path = getenv("EDGEPACK_NCNN_ARENA_LOG");
+    if (log_path && *log_path) {
+        e->arena_log = fopen(log_path, "w");
+        if (!e->arena_log) {
+            ncnn_close(e);
+            return ep_fail(st, EP_ERR_IO, "EDGEPACK_NCNN_ARENA_LOG: cannot write %s", log_path);
+        }
+        ep_ncnn_arena_log(e->blob_alloc, e->arena_log);
+    }
     trace(e->blob_alloc, "start");
     e->net = ncnn_net_create();
     ncnn_net_set_option(e->net, e->opt);
@@ -418,7 +451,8 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
         return ep_fail(st, EP_ERR_MODEL, "ncnn refused the engine's own layers");
     }
     const ep_blob *param = &spec->model_blobs[0], *bin = &spec->model_blobs[1];
-    const ep_blob *map = spec->n_model_blobs > 2 ? &spec->model_blobs[2] : NULL;
+    /* blob 2: the weight map, or empty where the build made none but a plan follows */
+    const ep_blob *map = spec->n_model_blobs > 2 && ep_blob_size(&spec->model_blobs[2]) ? &spec->model_blobs[2] : NULL;
     ep_blob_file file;
     blob_file_open(&file, spec);
     unsigned char *text = blob_copy(&file, param);
@@ -431,7 +465,12 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
     }
     size_t stream = 0;
     size_t used = load_weights(e->net, bin, map, &file, &stream);
+    int plan_rc = set_arena_plan(e, &file);
     ep_blob_file_close(&file);
+    if (plan_rc) {
+        ncnn_close(e);
+        return ep_fail(st, EP_ERR_MODEL, "the embedded arena plan is malformed (rebuild the artifact)");
+    }
     if (stream == (size_t)-1) {
         ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "the embedded weight map is malformed (rebuild the artifact)");
@@ -506,6 +545,7 @@ static ep_io_spec item_spec(const ep_io_spec *s, int items) {
  * written to, the k-th 1/items of each buffer. */
 static int run_item(ncnn_engine *e, const ep_tensor *inputs, ep_tensor *outputs, int k, ep_status *st) {
     const ep_model_spec *spec = e->spec;
+    ep_ncnn_arena_run_begin(e->blob_alloc); /* the plan counts requests from each run's first */
     ncnn_extractor_t ex = ncnn_extractor_create(e->net);
     int rc = EP_OK;
     for (int i = 0; i < spec->n_inputs && !rc; i++) {
@@ -604,6 +644,7 @@ static void ncnn_close(void *handle) {
     if (e->opt) ncnn_option_destroy(e->opt);
     if (e->blob_alloc) ncnn_allocator_destroy(e->blob_alloc);
     if (e->work_alloc) ncnn_allocator_destroy(e->work_alloc);
+    if (e->arena_log) fclose(e->arena_log);
     free(e);
 }
 

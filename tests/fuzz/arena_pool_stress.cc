@@ -5,6 +5,9 @@
  * (two blocks that overlap overwrite each other's fill). Then the same walk again must get the same
  * addresses (a second run reuses the first run's blocks, which is why it faults no page in), and a
  * walk of frees in another order must leave one merged free block (no leaked bytes).
+ * Plans (edgepack/backends/ncnn/arena_plan.py): a fresh arena given the offsets first fit chose must
+ * place every request there; one given random offsets must still never overlap two live blocks (a
+ * planned place that is not free is refused for first fit); a truncated plan blob is refused.
  * Usage: arena_pool_stress STEPS SEED */
 #include <cstdint>
 #include <cstdio>
@@ -63,19 +66,22 @@ void check_stats(ncnn_allocator_t a, const std::vector<Block> &live, size_t step
     if (touched < held) fail("the arena says it holds more than it touched", step);
 }
 
-/* one walk; the addresses handed out, in order */
-std::vector<uintptr_t> walk(ncnn_allocator_t a, size_t steps, uint64_t seed, size_t reserve) {
+/* one walk; the addresses handed out, in order. past: some requests exceed the arena; sizes: each
+ * request's bytes, in order */
+std::vector<uintptr_t> walk(ncnn_allocator_t a, size_t steps, uint64_t seed, size_t reserve, bool past = true,
+                            std::vector<size_t> *sizes = nullptr) {
     rng_state = seed;
     std::vector<Block> live;
     std::vector<uintptr_t> got;
     for (size_t s = 0; s < steps; s++) {
         uint64_t r = next_random();
         if (live.empty() || r % 5 < 3) {
-            size_t n = r % 97 == 0 ? reserve + 1 + r % 4096          /* past the arena: malloc */
+            size_t n = r % 97 == 0 && past ? reserve + 1 + r % 4096  /* past the arena: malloc */
                        : r % 7 == 0 ? 1 + (r >> 8) % (reserve / 8)   /* large */
                                     : 1 + (r >> 8) % 4096;           /* small */
             unsigned char *p = static_cast<unsigned char *>(a->fast_malloc(a, n));
             if (!p) fail("a request failed", s);
+            if (sizes) sizes->push_back(n);
             if (reinterpret_cast<uintptr_t>(p) % NCNN_MALLOC_ALIGN) fail("a block is not aligned", s);
             unsigned char tag = static_cast<unsigned char>(1 + s % 251);
             memset(p, tag, n + NCNN_MALLOC_OVERREAD);
@@ -99,6 +105,82 @@ std::vector<uintptr_t> walk(ncnn_allocator_t a, size_t steps, uint64_t seed, siz
         a->fast_free(a, b.p);
     }
     return got;
+}
+
+void put64(std::vector<unsigned char> &out, uint64_t v) {
+    for (int i = 0; i < 8; i++) out.push_back(static_cast<unsigned char>(v >> (8 * i)));
+}
+
+/* the plan blob for one thread count: each request's bytes as the arena rounds them, at offsets[i] */
+std::vector<unsigned char> plan_blob(const std::vector<size_t> &sizes, const std::vector<size_t> &offsets, int threads) {
+    std::vector<unsigned char> out = {'E', 'P', 'A', 'P', 'L', 'A', 'N', '1'};
+    put64(out, 1);
+    put64(out, static_cast<uint64_t>(threads));
+    put64(out, sizes.size());
+    for (size_t i = 0; i < sizes.size(); i++) {
+        put64(out, (sizes[i] + NCNN_MALLOC_OVERREAD + NCNN_MALLOC_ALIGN - 1) / NCNN_MALLOC_ALIGN * NCNN_MALLOC_ALIGN);
+        put64(out, offsets[i]);
+    }
+    return out;
+}
+
+ArenaPool *pool_of(ncnn_allocator_t a) { return static_cast<ArenaPool *>(static_cast<ncnn::Allocator *>(a->pthis)); }
+
+void destroy(ncnn_allocator_t a) {
+    delete static_cast<ncnn::Allocator *>(a->pthis);
+    free(a);
+}
+
+/* walks of steps / 10 requests sized as for `reserve`, in arenas large enough that none falls back to malloc */
+void plans(size_t steps, uint64_t seed, size_t reserve) {
+    steps /= 10;
+    const size_t big = reserve * 32;
+    std::vector<size_t> sizes;
+    ncnn_allocator_t ff = ep_ncnn_arena_pool_create(big);
+    if (!ff) fail("the arena could not be reserved", 0);
+    g_peak_seen = 0;
+    std::vector<uintptr_t> first = walk(ff, steps, seed, reserve, false, &sizes);
+    std::vector<size_t> offsets;
+    for (uintptr_t p : first) {
+        if (!pool_of(ff)->owns(reinterpret_cast<void *>(p))) fail("a plan walk outgrew its arena", 0);
+        offsets.push_back(p - reinterpret_cast<uintptr_t>(pool_of(ff)->base()));
+    }
+
+    /* the offsets first fit took, as a plan: followed to the end, the same places */
+    ncnn_allocator_t planned = ep_ncnn_arena_pool_create(big);
+    std::vector<unsigned char> blob = plan_blob(sizes, offsets, 1);
+    if (ep_ncnn_arena_set_plan(planned, blob.data(), blob.size(), 1) != 0) fail("a valid plan was refused", 0);
+    ep_ncnn_arena_run_begin(planned);
+    g_peak_seen = 0;
+    std::vector<uintptr_t> again = walk(planned, steps, seed, reserve, false);
+    for (size_t i = 0; i < again.size(); i++)
+        if (again[i] - reinterpret_cast<uintptr_t>(pool_of(planned)->base()) != offsets[i])
+            fail("a planned request was placed elsewhere", i);
+    if (pool_of(planned)->top() != pool_of(ff)->top()) fail("the planned arena grew past the plan", steps);
+
+    /* random offsets: planned places overlap live blocks, and must be refused */
+    std::vector<size_t> wild;
+    rng_state = seed * 7 + 1;
+    for (size_t i = 0; i < sizes.size(); i++) wild.push_back(next_random() % (big / 2) / NCNN_MALLOC_ALIGN * NCNN_MALLOC_ALIGN);
+    ncnn_allocator_t random = ep_ncnn_arena_pool_create(big);
+    blob = plan_blob(sizes, wild, 1);
+    if (ep_ncnn_arena_set_plan(random, blob.data(), blob.size(), 1) != 0) fail("a plan inside the arena was refused", 0);
+    ep_ncnn_arena_run_begin(random);
+    g_peak_seen = 0;
+    walk(random, steps, seed, reserve, false);  /* fills checked: no two live blocks overlap */
+    if (pool_of(random)->lent_blocks() != 0) fail("blocks stayed lent after a planned walk", steps);
+
+    /* malformed: truncated, past the arena, a plan for other threads (taken as none) */
+    blob = plan_blob(sizes, offsets, 1);
+    if (ep_ncnn_arena_set_plan(random, blob.data(), blob.size() - 8, 1) != -1) fail("a truncated plan was taken", 0);
+    std::vector<size_t> past(offsets.size(), big);
+    std::vector<unsigned char> outside = plan_blob(sizes, past, 1);
+    if (ep_ncnn_arena_set_plan(random, outside.data(), outside.size(), 1) != -1) fail("a plan past the arena was taken", 0);
+    if (ep_ncnn_arena_set_plan(random, blob.data(), blob.size(), 2) != 0) fail("a plan for 1 thread broke 2", 0);
+    destroy(ff);
+    destroy(planned);
+    destroy(random);
+    printf("arena plans: %zu requests followed\n", sizes.size());
 }
 
 }  // namespace
@@ -131,5 +213,6 @@ int main(int argc, char **argv) {
            first.size() - in_arena, pool->top());
     delete static_cast<ncnn::Allocator *>(a->pthis);
     free(a);
+    plans(steps, seed, reserve);
     return 0;
 }
