@@ -41,7 +41,7 @@ from .spelled_out import fold_spelled_out
 from .reference import (POLICY, Comparison, Tolerance, check_input_sizes, compare, output_scale, random_inputs,
                         realistic_inputs, run_onnxruntime, uninformative_outputs)
 from .progress import StepProgress
-from .runner import NATIVE, Artifact
+from .runner import NATIVE, Artifact, host_arch
 from .targets import Target, verify_only_on
 from .toolchains import Toolchain
 
@@ -610,7 +610,7 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
             model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
             prep.golden_outputs, without_measurements(manifest), workdir / "bundle", staged, tc))
         log(f"[{target.name}] bundled {built.size / 1e6:.2f} MB in {time.monotonic() - t_stage:.1f} s")
-        if engine.backend == "ncnn" and NATIVE in target.verify_cpus:
+        if engine.backend == "ncnn" and NATIVE in target.verify_cpus and target.arch == host_arch():
             # offsets for the arena's tensors, planned from runs on this machine (backends/ncnn/arena_plan.py)
             from .backends.ncnn.arena_plan import plan_arena
             t_stage = time.monotonic()
