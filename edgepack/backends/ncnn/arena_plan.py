@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ... import proc
 from .. import EngineBuild
 
 MAGIC = b"EPAPLAN1"
@@ -172,9 +172,19 @@ def plan_arena(engine: EngineBuild, artifact: Path, workdir: Path, log: Callable
     plans: dict[int, ArenaPlan] = {}
     for threads in recorded_threads():
         record = workdir / f"arena-{threads}.log"
-        proc.run([artifact, "selftest", "--threads", str(threads)], what=f"recording the arena's requests "
-                 f"({threads} thread{'s' if threads > 1 else ''})", env={"EDGEPACK_NCNN_ARENA_LOG": str(record)},
-                 timeout=900)
+        # the selftest's verdict is the verification's to judge (a precision rung that fails it is
+        # rejected there, and the ladder goes on): here only its requests count. A run that did not
+        # finish (killed, out of time) leaves no plan; verification then reports the artifact itself.
+        try:
+            done = subprocess.run([str(artifact), "selftest", "--threads", str(threads)], capture_output=True,
+                                  text=True, errors="replace", timeout=900,
+                                  env={**os.environ, "EDGEPACK_NCNN_ARENA_LOG": str(record)})
+        except subprocess.TimeoutExpired:
+            log(f"arena plan: the selftest on {threads} thread(s) ran past 900 s; first fit stays")
+            return engine
+        if done.returncode not in (0, 1) or not record.is_file():
+            log(f"arena plan: the selftest on {threads} thread(s) ended with code {done.returncode}; first fit stays")
+            return engine
         plan = plan_from_log(record.read_text())
         if plan:
             plans[threads] = plan
