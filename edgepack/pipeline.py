@@ -67,6 +67,7 @@ class BuildOptions:
     memory: str = "fast"             # ncnn: fast (its defaults) | lean (backends/ncnn/memory.py)
     verify_on: tuple = ()            # verify only on these of the targets' verify_cpus (empty: on all)
     default_threads: str = "auto"    # auto (timed where possible) | all | N: the artifact's thread cap (thread_policy.py)
+    arena_plan: bytes | None = None  # ncnn: None records one here; b"" pins none, else this blob (verify-build)
 
 
 @dataclass(frozen=True)
@@ -356,7 +357,8 @@ def manifest_for(prep: PreparedModel, target: Target, engine: EngineBuild, tc: T
 
 # Keys whose values are measured, not determined by the build's inputs (how long TVM took to compile):
 # they go in the sidecar .json only, so that the executable's bytes are the same on every rebuild.
-MEASURED_KEYS = frozenset({"compile_seconds"})
+# The arena plan's sizes (first fit against planned) are measured too; the plan itself is a model blob.
+MEASURED_KEYS = frozenset({"compile_seconds", "arena_plan"})
 
 
 def without_measurements(obj):
@@ -614,7 +616,8 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
             # offsets for the arena's tensors, planned from runs on this machine (backends/ncnn/arena_plan.py)
             from .backends.ncnn.arena_plan import plan_arena
             t_stage = time.monotonic()
-            planned = plan_arena(engine, staged, workdir / "arena", log=lambda m: log(f"[{target.name}] {m}"))
+            planned = plan_arena(engine, staged, workdir / "arena", log=lambda m: log(f"[{target.name}] {m}"),
+                                 pinned=opts.arena_plan)
             if planned is not engine:
                 engine, manifest = planned, manifest_for(prep, target, planned, tc, opts, kept)
                 built = bundle(BundleRequest(

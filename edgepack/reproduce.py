@@ -55,6 +55,15 @@ def _tuning_db(manifest: dict, given: Path | None) -> str | None:
     return str(path)
 
 
+def _carried_plan(artifact: Path, manifest: dict) -> bytes:
+    """The arena plan the artifact carries (b"": none), pinned: another machine records other requests."""
+    from .backends.ncnn.arena_plan import carried_plan
+    try:
+        return carried_plan(artifact.read_bytes(), manifest)
+    except ValueError as exc:
+        raise ArtifactError(f"{artifact}: {exc}", hint="rebuild it; its bytes and manifest disagree") from exc
+
+
 def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=print,
                  tuning_db: Path | None = None) -> Rebuild:
     from .model import parse_shape_args
@@ -84,7 +93,8 @@ def verify_build(artifact: Path, model: Path, clean_cache: bool = False, log=pri
                                 out_dir=Path(tmp) / "dist", verify=False, simplify=b.get("simplify", True),
                                 preprocess=b.get("preprocess"), postprocess=b.get("postprocess"), tuning_db=tuning,
                                 memory=b.get("memory", "fast"), verify_on=tuple(b.get("verify_on") or ()),
-                                default_threads=recorded_option(manifest))
+                                default_threads=recorded_option(manifest),
+                                arena_plan=_carried_plan(artifact, manifest))
             results = build(model, [target], opts, log=log)
         finally:
             if clean_cache:

@@ -2,6 +2,8 @@
 records its arena's requests on this machine at 1 and 2 threads and embeds offsets planned for them;
 the artifact then touches no more of its arena than its tensors hold at their worst moment.
 
+verify-build pins the plan the artifact carries, so a rebuild on any machine gives the same bytes.
+
 The model splits first fit's holes: a GlobalAveragePool of the first convolution's output (a few
 bytes) lives until the last layer multiplies by it, so it sits between the early maps, and the larger
 maps after them find no hole. First fit touches at least 256 KiB (MIN_SAVING) more than the plan
@@ -91,6 +93,11 @@ def test_planned_arena_touches_only_what_its_tensors_hold(tmp_path):
             assert touched <= held + 64 * 1024, (threads, touched, held)
         outs[threads] = got["y"]
         np.testing.assert_allclose(got["y"].reshape(want.shape), want, atol=1e-4 * float(np.abs(want).max()))
+    # verify-build embeds the plan the artifact carries instead of recording one (another machine
+    # records other requests): the same bytes
+    proc = run_edgepack("verify-build", art, model)
+    assert proc.returncode == 0 and "IDENTICAL" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+    assert "(pinned)" in proc.stdout + proc.stderr
     # the same answer without the plan (the best-fit pool has none) and where the plan does not match
     for cpu in ("native pool=best300", "native isa=avx2"):
         got, err = run_artifact_on(art, cpu, {"x": tmp_path / "x.npy"}, tmp_path / cpu.split()[1], ["y"], 1,

@@ -7,8 +7,12 @@ import struct
 
 import numpy as np
 
-from edgepack.backends.ncnn.arena_plan import (MAGIC, MIN_SAVING, ArenaPlan, RecordedRun, Request, first_run,
-                                               greedy_plan, plan_from_log, plans_blob)
+import hashlib
+
+import pytest
+
+from edgepack.backends.ncnn.arena_plan import (MAGIC, MIN_SAVING, ArenaPlan, RecordedRun, Request, carried_plan,
+                                               first_run, greedy_plan, plan_from_log, plans_blob)
 
 MB = 1 << 20
 
@@ -146,3 +150,17 @@ def test_no_plan_where_runs_disagree():
     swapped = runs[2].splitlines()
     swapped[0], swapped[1] = swapped[1], swapped[0]
     assert plan_from_log("R\n".join(runs[:2] + ["\n".join(swapped) + "\n"])) is None
+
+
+def test_the_carried_plan_is_found_by_its_hash():
+    blob = plans_blob({1: ArenaPlan((0, 128), (128, 64), 192, 4096)})
+    other = plans_blob({1: ArenaPlan((64,), (64,), 128, 4096)})
+    # the runtime's own copy of the magic, then another plan-like stretch, then the plan
+    data = b"code" + MAGIC + b"\xff" * 12 + other + b"\0" * 7 + blob + b"tail"
+    manifest = {"build": {"options": {"ncnn.arena_plan": "3"}},
+                "model_blobs_sha256": ["p", "b", "m", hashlib.sha256(blob).hexdigest()]}
+    assert carried_plan(data, manifest) == blob
+    assert carried_plan(data, {"build": {"options": {}}}) == b""   # none carried: none pinned
+    manifest["model_blobs_sha256"][3] = hashlib.sha256(b"elsewhere").hexdigest()
+    with pytest.raises(ValueError):
+        carried_plan(data, manifest)

@@ -19,6 +19,7 @@ and per request u64 bytes, u64 offset."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import struct
 import subprocess
@@ -164,11 +165,18 @@ def recorded_threads() -> tuple[int, ...]:
     return (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
 
 
-def plan_arena(engine: EngineBuild, artifact: Path, workdir: Path, log: Callable[[str], None]) -> EngineBuild:
+def plan_arena(engine: EngineBuild, artifact: Path, workdir: Path, log: Callable[[str], None],
+               pinned: bytes | None = None) -> EngineBuild:
     """The engine with a plan for its arena, from runs of the bundled artifact on this machine (one per
     recorded thread count), or the engine as it was when no plan saves MIN_SAVING. The plan is blob 3
-    (blob 2, the weight map, stays empty where there is none) and option ncnn.arena_plan names it."""
+    (blob 2, the weight map, stays empty where there is none) and option ncnn.arena_plan names it.
+    pinned (verify-build): the plan an artifact carries, embedded as it is (b"": none), since another
+    machine records other requests and the rebuild must give the same bytes."""
     workdir.mkdir(parents=True, exist_ok=True)
+    if pinned is not None:
+        if pinned:
+            log("arena plan: the one the artifact carries (pinned)")
+        return _with_blob(engine, pinned, workdir, {"pinned": True}) if pinned else engine
     plans: dict[int, ArenaPlan] = {}
     for threads in recorded_threads():
         record = workdir / f"arena-{threads}.log"
@@ -193,8 +201,12 @@ def plan_arena(engine: EngineBuild, artifact: Path, workdir: Path, log: Callable
     for threads, plan in sorted(plans.items()):
         log(f"arena plan ({threads} thread{'s' if threads > 1 else ''}): {plan.first_fit_top / 1e6:.1f} MB "
             f"first fit -> {plan.planned_top / 1e6:.1f} MB")
+    return _with_blob(engine, plans_blob(plans), workdir, {str(t): p.manifest() for t, p in sorted(plans.items())})
+
+
+def _with_blob(engine: EngineBuild, plan: bytes, workdir: Path, about: dict) -> EngineBuild:
     blob = workdir / "arena.plan"
-    blob.write_bytes(plans_blob(plans))
+    blob.write_bytes(plan)
     blobs = tuple(engine.model_blobs)
     if len(blobs) == 2:
         no_map = workdir / "no-weight-map"
@@ -202,4 +214,36 @@ def plan_arena(engine: EngineBuild, artifact: Path, workdir: Path, log: Callable
         blobs += (no_map,)
     return dataclasses.replace(
         engine, model_blobs=blobs + (blob,), options={**engine.options, "ncnn.arena_plan": str(len(blobs))},
-        manifest={**engine.manifest, "arena_plan": {str(t): p.manifest() for t, p in sorted(plans.items())}})
+        manifest={**engine.manifest, "arena_plan": about})
+
+
+def carried_plan(artifact_bytes: bytes, manifest: dict) -> bytes:
+    """The plan blob an artifact carries (found by the sha256 its manifest records for it), b"" when it
+    carries none; ValueError when the manifest names one the bytes do not hold."""
+    options = manifest.get("build", {}).get("options", {})
+    if "ncnn.arena_plan" not in options:
+        return b""
+    want = manifest["model_blobs_sha256"][int(options["ncnn.arena_plan"])]
+    at = artifact_bytes.find(MAGIC)
+    while at >= 0:
+        end = _blob_end(artifact_bytes, at)
+        if end and hashlib.sha256(artifact_bytes[at:end]).hexdigest() == want:
+            return artifact_bytes[at:end]
+        at = artifact_bytes.find(MAGIC, at + 1)
+    raise ValueError("the artifact's arena plan is not in its bytes")
+
+
+def _blob_end(data: bytes, at: int) -> int | None:
+    """Where a plan blob starting at `at` ends, if its counts fit the bytes."""
+    if at + 16 > len(data):
+        return None
+    (plans,) = struct.unpack_from("<Q", data, at + 8)
+    pos = at + 16
+    for _ in range(min(plans, 64)):
+        if pos + 16 > len(data):
+            return None
+        (count,) = struct.unpack_from("<Q", data, pos + 8)
+        pos += 16 + 16 * count
+        if pos > len(data):
+            return None
+    return pos if plans <= 64 else None
