@@ -608,21 +608,24 @@ def _attempt(prep: PreparedModel, target: Target, opts: BuildOptions, tc: Toolch
         manifest = manifest_for(prep, target, engine, tc, opts, kept)
         out_path = Path(opts.out_dir) / f"{model.name}-{target.name}"
         staged = workdir / "artifact"
-        built: Bundled = bundle(BundleRequest(
-            model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
-            prep.golden_outputs, without_measurements(manifest), workdir / "bundle", staged, tc))
+
+        def bundled(built_engine: EngineBuild, its_manifest: dict, folder: str) -> Bundled:
+            return bundle(BundleRequest(
+                model.name, target, built_engine, model.inputs, model.outputs, prep.golden_inputs,
+                prep.golden_outputs, without_measurements(its_manifest), workdir / folder, staged, tc))
+        built = bundled(engine, manifest, "bundle")
         log(f"[{target.name}] bundled {built.size / 1e6:.2f} MB in {time.monotonic() - t_stage:.1f} s")
-        if engine.backend == "ncnn" and NATIVE in target.verify_cpus and target.arch == host_arch():
-            # offsets for the arena's tensors, planned from runs on this machine (backends/ncnn/arena_plan.py)
+        # offsets for the arena's tensors (backends/ncnn/arena_plan.py): planned from runs on this machine,
+        # or (verify-build) the plan the artifact carries, which needs no run here
+        records = NATIVE in target.verify_cpus and target.arch == host_arch()
+        if engine.backend == "ncnn" and (records or opts.arena_plan is not None):
             from .backends.ncnn.arena_plan import plan_arena
             t_stage = time.monotonic()
             planned = plan_arena(engine, staged, workdir / "arena", log=lambda m: log(f"[{target.name}] {m}"),
                                  pinned=opts.arena_plan)
             if planned is not engine:
                 engine, manifest = planned, manifest_for(prep, target, planned, tc, opts, kept)
-                built = bundle(BundleRequest(
-                    model.name, target, engine, model.inputs, model.outputs, prep.golden_inputs,
-                    prep.golden_outputs, without_measurements(manifest), workdir / "bundle-planned", staged, tc))
+                built = bundled(engine, manifest, "bundle-planned")
                 log(f"[{target.name}] planned and bundled again in {time.monotonic() - t_stage:.1f} s")
         t_stage = time.monotonic()
         verification = None

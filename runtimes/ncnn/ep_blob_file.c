@@ -5,13 +5,12 @@
  * 2 MiB folio with the golden outputs and the first weights, and handing pages back with madvise did not
  * hold. A pread copies from the page cache and maps nothing. Where /proc or the file is not there, the
  * engine reads through the mapping as before. */
-#define _DEFAULT_SOURCE /* madvise, pread, major/minor */
+#define _DEFAULT_SOURCE /* pread, major/minor */
 #include "ep_blob_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -51,12 +50,6 @@ void ep_blob_file_open(ep_blob_file *f, const void *p, size_t n) {
     unsigned long inode = 0;
     uintptr_t lo = (uintptr_t)p;
     if (!n || !mapping_of(lo, lo + n, f, &maj, &min, &inode)) return;
-    /* small pages, and nothing of the mapping left mapped: what the loader still reads through it (a
-     * fallback) faults in a few pages at a time, not a 2 MiB folio */
-#ifdef MADV_NOHUGEPAGE
-    madvise((void *)f->start, f->end - f->start, MADV_NOHUGEPAGE);
-#endif
-    madvise((void *)f->start, f->end - f->start, MADV_DONTNEED);
     int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
     struct stat st;

@@ -13,9 +13,8 @@ typedef struct {
     off_t off;                /* the file offset of start */
 } ep_blob_file;
 
-/* Finds the read-only file mapping holding [p, p + n), asks for small pages there (handing back what is
- * mapped), and opens the executable when that mapping is its own. Never fails: f->fd is -1 and f->end 0
- * when nothing was found. */
+/* Finds the read-only file mapping holding [p, p + n) and opens the executable when that mapping is its
+ * own. Never fails: f->fd is -1 and f->end 0 when nothing was found. */
 void ep_blob_file_open(ep_blob_file *f, const void *p, size_t n);
 /* n bytes of the blob stretch at src (inside the mapping) into buf; 0 when the file cannot give them
  * (then read them from src). */

@@ -2,9 +2,9 @@
  * through ncnn's C API.
  *
  * Options from the spec: ncnn.in.<i> / ncnn.out.<i> (blob names), ncnn.batch_axis.<i>
- * ncnn.arena_plan (the index of the model blob holding the arena's plan, arena_plan.py),
  * ("0" when the ONNX dim 0 is a batch dim ncnn does not see, "none" otherwise),
- * ncnn.fp32 ("1" forces fp32 storage and arithmetic), ncnn.fp16_arithmetic ("0": fp16 storage only).
+ * ncnn.fp32 ("1" forces fp32 storage and arithmetic), ncnn.fp16_arithmetic ("0": fp16 storage only),
+ * ncnn.arena_plan (the index of the model blob holding the arena's plan, arena_plan.py).
  * model_blobs[0] is the NUL-terminated param text, model_blobs[1] the weights, model_blobs[2] (optional)
  * the map replaying repeated weights from them (see weight_reader). `--memory lean` builds
  * carry a .param whose large-kernel convolutions have Winograd masked (edgepack/backends/ncnn/memory.py).
@@ -465,12 +465,8 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
     }
     size_t stream = 0;
     size_t used = load_weights(e->net, bin, map, &file, &stream);
-    int plan_rc = set_arena_plan(e, &file);
+    int plan_rc = set_arena_plan(e, &file);  /* judged after the weights: their errors come first */
     ep_blob_file_close(&file);
-    if (plan_rc) {
-        ncnn_close(e);
-        return ep_fail(st, EP_ERR_MODEL, "the embedded arena plan is malformed (rebuild the artifact)");
-    }
     if (stream == (size_t)-1) {
         ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "the embedded weight map is malformed (rebuild the artifact)");
@@ -483,6 +479,10 @@ static int ncnn_open(const ep_model_spec *spec, int threads, void **out, ep_stat
         ncnn_close(e);
         return ep_fail(st, EP_ERR_MODEL, "ncnn consumed %zu of %zu weight bytes: .param and .bin disagree", used,
                        stream);
+    }
+    if (plan_rc) {
+        ncnn_close(e);
+        return ep_fail(st, EP_ERR_MODEL, "the embedded arena plan is malformed (rebuild the artifact)");
     }
     trace(e->blob_alloc, "loaded");
     *out = e;
