@@ -191,10 +191,11 @@ def test_memory_lean_keeps_exact_fp16_weights_at_half_the_bytes(tmp_path):
     assert lean_peak <= fast_peak
 
 
-def resident_after_run(artifact: str) -> int:
-    """VmRSS in bytes after one run, from the engine's EDGEPACK_NCNN_TRACE line."""
+def resident_after_run(artifact: str, switches: str = "") -> int:
+    """VmRSS in bytes after one run, from the engine's EDGEPACK_NCNN_TRACE line (with EDGEPACK_NCNN_OPTIONS)."""
+    env = {**os.environ, "EDGEPACK_NCNN_TRACE": "1", "EDGEPACK_NCNN_OPTIONS": switches}
     proc = subprocess.run([artifact, "bench", "--runs", "1", "--warmup", "0", "--threads", "1"], capture_output=True,
-                          text=True, timeout=300, check=True, env={**os.environ, "EDGEPACK_NCNN_TRACE": "1"})
+                          text=True, timeout=300, check=True, env=env)
     found = re.findall(r"ncnn-trace: ran VmRSS=(\d+) kB", proc.stderr)
     assert found, proc.stderr[-2000:]
     return int(found[-1]) * 1024

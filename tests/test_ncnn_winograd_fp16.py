@@ -50,7 +50,7 @@ def _model(path):
     return path
 
 
-def _build(model, out, *extra):
+def build_x86_ncnn(model, out, *extra):
     proc = run_edgepack("build", str(model), "--target", "x86_64", "--backend", "ncnn", *extra, "--out", str(out),
                         "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -61,7 +61,7 @@ def _build(model, out, *extra):
 
 def test_fp16_winograd_kernels_match_onnxruntime_on_every_x86_cpu(tmp_path):
     model = _model(tmp_path / "wf16.onnx")
-    res = _build(model, tmp_path / "out")
+    res = build_x86_ncnn(model, tmp_path / "out")
     assert res["precision"] == "fp16-storage", res  # the rung that keeps kernels in fp16
     x = np.random.default_rng(4).standard_normal((1, LAYERS[0][0], H, W)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
@@ -95,7 +95,7 @@ def test_fp16_winograd_kernels_take_half_the_memory(tmp_path):
     model = conv_relu_stack(tmp_path / "convs.onnx", CONVS, CH, HW, 3, seed=7, fp16_exact=True)
     held = {}
     for rung, extra in (("fp16", ()), ("fp32", ("--fp32",))):
-        res = _build(model, tmp_path / rung, *extra)
+        res = build_x86_ncnn(model, tmp_path / rung, *extra)
         assert res["precision"] == ("fp32" if extra else "fp16-storage"), res
         held[rung] = resident_after_run(res["file"])
     kernels = CONVS * CH * CH * 36 * 4  # F(4,3), fp32

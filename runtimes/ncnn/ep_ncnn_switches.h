@@ -6,8 +6,8 @@
  * The list: comma-separated key=value items, each under 64 bytes: winograd, sgemm, packing, fp16,
  * fp16a (fp16 arithmetic, where the CPU has it), bf16 ("1" on, anything else off), pool=best[<N>]
  * (N <= 1000, default 100), local, shared, one, unlocked or none, isa=avx512, avx2 or sse (x86: run
- * as a CPU without the extensions above it), direct=0, 1 or 2 (x86: the direct convolution kernel on
- * no layer, by its break-even, on every layer it can run). */
+ * as a CPU without the extensions above it), direct=0, 1, 2 or 3 (x86: the direct convolution kernel on
+ * no layer, by its break-even, on every layer it can run, by its break-even with fp32 weights). */
 #ifndef EP_NCNN_SWITCHES_H
 #define EP_NCNN_SWITCHES_H
 
@@ -45,7 +45,7 @@ typedef struct {
     ep_ncnn_pool_kind pool; /* pool */
     unsigned slack;         /* pool=best<N>: a cached buffer serves requests down to 1/(1+N%) of its size */
     int isa;                /* isa: 3 avx512 (as detected), 2 avx2 (no AVX-512), 1 sse (no AVX) */
-    int direct;             /* direct: 0 none, 1 by break-even, 2 every layer the kernel can run */
+    int direct;             /* direct: 0 none, 1 by break-even, 2 every layer the kernel can run, 3 as 1 in fp32 */
 } ep_ncnn_switch;
 
 /* The next item of *list into *sw (key EP_NCNN_SW_END once the list, or a NULL list, is used up);
@@ -109,9 +109,9 @@ static int ep_ncnn_next_switch(const char **list, ep_ncnn_switch *sw, ep_status 
         }
     } else if (strcmp(k, "direct") == 0) {
         sw->key = EP_NCNN_SW_DIRECT;
-        if ((v[0] != '0' && v[0] != '1' && v[0] != '2') || v[1]) {
+        if (v[0] < '0' || v[0] > '3' || v[1]) {
             sw->key = EP_NCNN_SW_END;
-            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: direct=%s: 0, 1 or 2", v);
+            return ep_fail(st, EP_ERR_MODEL, "EDGEPACK_NCNN_OPTIONS: direct=%s: 0, 1, 2 or 3", v);
         }
         sw->direct = v[0] - '0';
         sw->on = 0;

@@ -37,7 +37,7 @@ static int parse_all(const char *list, ep_ncnn_switch *out, int cap) {
         if (sw.key == EP_NCNN_SW_POOL && (sw.pool > EP_NCNN_POOL_ARENA || sw.slack > 1000))
             fuzz_fail("pool kind or slack out of range");
         if (sw.key == EP_NCNN_SW_ISA && (sw.isa < 1 || sw.isa > 3)) fuzz_fail("isa level out of range");
-        if (sw.direct < 0 || sw.direct > 2 || (sw.key != EP_NCNN_SW_DIRECT && sw.direct)) fuzz_fail("direct mode out of range");
+        if (sw.direct < 0 || sw.direct > 3 || (sw.key != EP_NCNN_SW_DIRECT && sw.direct)) fuzz_fail("direct mode out of range");
         if (cur != NULL && (cur <= before || cur > stop)) fuzz_fail("the cursor did not move forward inside the list");
         if ((int)i < cap) out[i] = sw;
     }
@@ -88,7 +88,8 @@ static const struct {
     {"isa=avx3", -1, 0, 0, 0, 0},
     {"direct=0", 1, EP_NCNN_SW_DIRECT, 0, 0, 0, 0, 0},
     {"direct=2,isa=avx2", 2, EP_NCNN_SW_DIRECT, 0, 0, 0, 0, 2},
-    {"direct=3", -1, 0, 0, 0, 0},
+    {"direct=3", 1, EP_NCNN_SW_DIRECT, 0, 0, 0, 0, 3},
+    {"direct=4", -1, 0, 0, 0, 0},
     {"direct=12", -1, 0, 0, 0, 0},
     {"direct=", -1, 0, 0, 0, 0},
     {"pool=best1001", -1, 0, 0, 0, 0},

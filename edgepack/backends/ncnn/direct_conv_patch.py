@@ -25,6 +25,11 @@ rather than copied whole with its border first; the sums are the same.
 `--memory lean` (memory.py) marks the layers it wants with ncnn's no-Winograd feature bit; the kernel
 then takes every one it can run, whatever the break-even, and keeps their weights as fp16 when each
 converts exactly (pnnx stores fp16 unless a build asks for fp32), for half the bytes.
+Version 8 keeps fp16 weights in `fast` too, at the fp16 rung (`use_fp16_storage`), on layers of 64K weights
+(256 KiB in fp32) and more: the deep layers, on small maps, where the weights are most of the layer's bytes and
+the widening costs least (`EDGEPACK_NCNN_OPTIONS=direct=3` keeps fp32 weights there, to measure it). fp16 weights
+are widened a block of output channels at a time into a per-thread buffer that every pixel block of the span
+reads; widened in the kernel, once every V::pixels pixels, they cost YOLO11s-seg 7% on 1 thread.
 
 Taken otherwise where `ep_c3_wanted` says: fp32 with packing, output channels a multiple of 8, and
 - 3x3, dilation 1: stride 1 below 16 input channels, stride 2 up to 96 (per-layer break-even
@@ -61,7 +66,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-DIRECT_CONV_PATCH_VERSION = 7  # part of the x86 libncnn cache key (library.py)
+DIRECT_CONV_PATCH_VERSION = 8  # 8: fp16 weights on large layers at the fp16 rung; part of the x86 libncnn cache key (library.py)
 
 CONV_FILE = "src/layer/x86/convolution_x86.cpp"
 CONV_HEADER = "src/layer/x86/convolution_x86.h"
@@ -241,6 +246,31 @@ static void ep_c3_row(const float* in, int inw, size_t in_cstep, int num_input, 
         ep_c3_block<W, 1, NV, S, EP, KS>(in, inw, in_cstep, num_input, wp, bias, oc0, num_output, oy, ox, out, out_cstep, outw, out_ep);
 }
 
+// a block of output channels' weights as fp32: fp32 ones as they are; fp16 ones widened into this thread's buffer,
+// which every pixel block of the span then reads (one widening a block and span, not one every V::pixels pixels:
+// in the kernel it cost YOLO11s-seg 5-7%); 0 where the buffer cannot grow
+static inline const float* ep_c3_fp32_weights(const float* w, size_t)
+{
+    return w;
+}
+
+static const float* ep_c3_fp32_weights(const unsigned short* w, size_t n)
+{
+    static thread_local float* buf = 0; // a thread's, for the process's life: the largest block it met
+    static thread_local size_t cap = 0;
+    if (cap < n)
+    {
+        float* grown = (float*)realloc(buf, n * sizeof(float));
+        if (!grown)
+            return 0;
+        buf = grown;
+        cap = n;
+    }
+    for (size_t i = 0; i < n; i += V::lanes) // n: whole blocks of 2 registers
+        V::store(buf + i, V::load(w + i));
+    return buf;
+}
+
 // every block of output channels for output pixels [ox0, ox1) of row oy
 template<typename W>
 static void ep_c3_span(const float* in, int inw, size_t in_cstep, int ep, int num_input, int ks, const W* wp, const float* bias,
@@ -250,8 +280,10 @@ static void ep_c3_span(const float* in, int inw, size_t in_cstep, int ep, int nu
     for (int oc0 = 0; oc0 < num_output; oc0 += EP_C3_BLOCK)
     {
         const W* w = wp + (size_t)(oc0 / EP_C3_BLOCK) * K * EP_C3_BLOCK;
+        const float* wf = ep_c3_fp32_weights(w, (size_t)K * EP_C3_BLOCK);
         const bool two = num_output - oc0 > V::lanes;
-#define EP_C3_ROW(NV, S, EP, KS) ep_c3_row<W, NV, S, EP, KS>(in, inw, in_cstep, num_input, w, bias + oc0, oc0, num_output, oy, ox0, ox1, out, out_cstep, outw, out_ep)
+#define EP_C3_ROW(NV, S, EP, KS) (wf ? ep_c3_row<float, NV, S, EP, KS>(in, inw, in_cstep, num_input, wf, bias + oc0, oc0, num_output, oy, ox0, ox1, out, out_cstep, outw, out_ep) \
+                                     : ep_c3_row<W, NV, S, EP, KS>(in, inw, in_cstep, num_input, w, bias + oc0, oc0, num_output, oy, ox0, ox1, out, out_cstep, outw, out_ep))
 #define EP_C3_EP(NV, S, KS) if (ep == 1) EP_C3_ROW(NV, S, 1, KS); else if (ep == 4) EP_C3_ROW(NV, S, 4, KS); else if (ep == 8) EP_C3_ROW(NV, S, 8, KS); else EP_C3_ROW(NV, S, 16, KS)
         if (ks == 1)
         {
@@ -493,9 +525,12 @@ _CREATE = r'''
 #if EP_C3_WHERE
     if (ep_c3_available() && ep_c3_wanted(num_input, num_output, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, opt))
     {
-        // `--memory lean`: fp16 weights where that loses nothing (6-12% slower, measured)
+        // fp16 weights where each converts exactly: in `--memory lean` on every layer; at the fp16 rung on
+        // layers of 64K weights and more, whose weights outweigh their maps (direct=3: fp32 there, to measure)
+        const bool ep_half = !opt.use_winograd_convolution
+                             || (opt.use_fp16_storage && g_ep_direct_conv == 1 && num_input * kernel_w * kernel_h * num_output >= (1 << 16));
         int ret = ep_c3_prepare(weight_data, bias_term ? (const float*)bias_data : 0, num_input, kernel_w * kernel_h, num_output,
-                                !opt.use_winograd_convolution, weight_ep_c3, bias_ep_c3);
+                                ep_half, weight_ep_c3, bias_ep_c3);
         if (ret != 0)
             return ret;
 

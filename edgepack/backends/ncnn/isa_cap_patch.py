@@ -7,9 +7,9 @@ time the AVX2 path on an AVX-512 build host (qemu's CPU models check correctness
 mean nothing), and a test can check that path without qemu. A cap never adds what the CPU lacks.
 
 The engine calls it for `EDGEPACK_NCNN_OPTIONS=isa=avx2` or `isa=sse` (ep_ncnn_switches.h). The same
-file holds the switch `direct=0|1|2` sets (`ep_ncnn_x86_direct_conv`): no direct kernel, the measured
+file holds the switch `direct=0|1|2|3` sets (`ep_ncnn_x86_direct_conv`): no direct kernel, the measured
 break-even, or every layer the kernel can run, so its break-even can be measured on any host, layer by
-layer, against ncnn's own kernels. Only x86 builds compile it, so only their cache key carries
+layer, against ncnn's own kernels; `direct=3` is the break-even with fp32 weights on every layer. Only x86 builds compile it, so only their cache key carries
 ISA_CAP_PATCH_KEY.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-ISA_CAP_PATCH_VERSION = 2
+ISA_CAP_PATCH_VERSION = 3  # 3: direct=3
 
 CPU_FILE = "src/cpu.cpp"
 
@@ -54,7 +54,8 @@ extern "C" int ep_ncnn_cap_x86_isa(int level)
 
 // edgepack (isa_cap_patch.py): which x86 convolutions the direct kernel of direct_conv_patch.py
 // takes. 0: none (ncnn's kernels); 1: those its measured break-even gives it (the default); 2: every
-// layer it can run. A measuring aid, like the cap: call before any net is created.
+// layer it can run; 3: as 1, with fp32 weights on the large layers 1 gives fp16 ones (direct_conv_patch.py).
+// A measuring aid, like the cap: call before any net is created.
 namespace ncnn {
 int g_ep_direct_conv = 1;
 } // namespace ncnn

@@ -33,6 +33,7 @@ from .exact_div_patch import EXACT_DIV_PATCH_KEY, patch_exact_div
 from .fake_quant_patch import FAKE_QUANT_PATCH_KEY, patch_fake_quant
 from .fp16_weights_patch import FP16_WEIGHTS_PATCH_KEY, patch_fp16_weights
 from .gelu_erf_patch import GELU_ERF_PATCH_KEY, patch_gelu_erf
+from .gemm_conv_fp16_patch import GEMM_CONV_FP16_PATCH_KEY, patch_gemm_conv_fp16
 from .gemm_fp16_b_patch import GEMM_FP16_B_PATCH_KEY, patch_gemm_fp16_b
 from .gemm_pair16_patch import GEMM_PAIR16_PATCH_KEY, patch_gemm_pair16
 from .gemm_pair_patch import GEMM_PAIR_PATCH_KEY, patch_gemm_pair
@@ -87,6 +88,7 @@ def _arch_patches(target: Target) -> tuple:
         ("winograd_strips_patch", WINOGRAD_STRIPS_PATCH_KEY, patch_winograd_strips),
         ("deconv_strips_patch", DECONV_STRIPS_PATCH_KEY, patch_deconv_strips),
         ("winograd_fp16_patch", WINOGRAD_FP16_PATCH_KEY, patch_winograd_fp16),
+        ("gemm_conv_fp16_patch", GEMM_CONV_FP16_PATCH_KEY, patch_gemm_conv_fp16),
         ("flush_denormals_patch", FLUSH_DENORMALS_PATCH_KEY, patch_flush_denormals))
 
 

@@ -36,12 +36,15 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-WINOGRAD_FP16_PATCH_VERSION = 1
+WINOGRAD_FP16_PATCH_VERSION = 2  # 2: the F16C conversions in their own block (F16C_HELPERS)
 
 _HELPERS_ANCHOR = "static int conv3x3s1_winograd23(const Mat& bottom_blob, Mat& top_blob, const Mat& AT, const Mat& bias, int nT, const Option& opt)\n{"
-_HELPERS = r'''// ---- edgepack (winograd_fp16_patch.py) ----
-#ifndef EP_WINOGRAD_FP16_DEFINED
-#define EP_WINOGRAD_FP16_DEFINED
+# F16C conversions, shared with gemm_conv_fp16_patch.py: each header that needs them carries this block, and
+# its guard keeps one copy per translation unit (convolution_x86.cpp includes the Winograd header first,
+# convolution_x86_fma.cpp the im2col one)
+F16C_HELPERS = r'''// ---- edgepack (winograd_fp16_patch.py): F16C conversions ----
+#ifndef EP_WF16_HELPERS_DEFINED
+#define EP_WF16_HELPERS_DEFINED
 #if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
 #define EP_WF16 1
 #if __AVX512F__
@@ -79,6 +82,13 @@ __attribute__((target("avx,f16c"))) static void ep_wf16_widen(const unsigned sho
         d[i] = _cvtsh_ss(s[i]) * unscale;
 }
 #endif // x86-64, clang/gcc
+#endif // EP_WF16_HELPERS_DEFINED
+// ---- end edgepack ----
+'''
+
+_HELPERS = F16C_HELPERS + r'''// ---- edgepack (winograd_fp16_patch.py) ----
+#ifndef EP_WINOGRAD_FP16_DEFINED
+#define EP_WINOGRAD_FP16_DEFINED
 
 // create_pipeline: a transformed kernel (AT) kept in fp16 where the net stores fp16 and the CPU has F16C;
 // whether it was. The transform's fractions (1/4 .. 1/24 in G) put many of a kernel's values below fp16's
