@@ -204,46 +204,44 @@ def resident_after_run(artifact: str, switches: str = "") -> int:
 GEMM_ROWS, GEMM_K, GEMM_N = 20, 1024, 4096  # a CRNN-like classifier: 4M weights, 16 MiB packed as fp32
 
 
-def classifier(path: Path) -> Path:
+def classifier(path: Path, rows: int = GEMM_ROWS, k: int = GEMM_K, n: int = GEMM_N) -> Path:
     rng = np.random.default_rng(13)
-    w = (rng.standard_normal((GEMM_N, GEMM_K)) * 0.03).astype(np.float16).astype(np.float32)  # fp16-exact
+    w = (rng.standard_normal((n, k)) * 0.03).astype(np.float16).astype(np.float32)  # fp16-exact
     g = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "classifier",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [GEMM_ROWS, GEMM_K])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [GEMM_ROWS, GEMM_N])],
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, n])],
                           [numpy_helper.from_array(w, "w"),
-                           numpy_helper.from_array(rng.standard_normal(GEMM_N).astype(np.float32), "b")])
+                           numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     onnx.save(m, str(path))
     return path
 
 
-def test_memory_lean_keeps_a_classifiers_packed_weights_in_fp16(tmp_path):
-    """fp16 storage, fast against lean (gemm_fp16_b_patch.py): the same bits at 1 and 2 threads, and lean
-    holds the packed B in half the bytes (8 MiB less here)."""
-    model = classifier(tmp_path / "cls.onnx")
-    built = {}
-    for memory in ("fast", "lean"):
-        proc = run_edgepack("build", model, "--target", "x86_64", "--backend", "ncnn", "--memory", memory,
-                            "--out", tmp_path / memory, "--json")
+def test_the_fp16_rung_keeps_a_classifiers_packed_weights_in_fp16(tmp_path):
+    """gemm_fp16_b_patch.py: the packed B of the fp16 rung stays fp16 (widened 48 columns at a time, or a whole
+    tile where K spans more than one tile: 20000 here); `fp16=0` keeps it fp32. The same bits either way, at
+    1 and 2 threads, and half the bytes held (8 MiB less for the 4096-class classifier)."""
+    for rows, k, n in ((GEMM_ROWS, GEMM_K, GEMM_N), (4, 20000, 40)):
+        model = classifier(tmp_path / f"cls{k}.onnx", rows, k, n)
+        proc = run_edgepack("build", model, "--target", "x86_64", "--backend", "ncnn", "--out", tmp_path / str(k),
+                            "--json")
         assert proc.returncode == 0, proc.stderr[-3000:]
         res = json.loads(proc.stdout)["results"][0]
         assert res["ok"] and res["precision"] == "fp16-storage", res
-        built[memory] = (res["file"], json.loads(Path(res["file"] + ".json").read_text())["backend"])
-    assert built["lean"][1]["lean_fp16_packed_gemms"] == 1 and "lean_fp16_packed_gemms" not in built["fast"][1]
-    x = tmp_path / "x.npy"
-    np.save(x, np.random.default_rng(3).standard_normal((GEMM_ROWS, GEMM_K)).astype(np.float32))
-    outs = {}
-    for memory, (art, _) in built.items():
-        for threads in (1, 2):
-            out = tmp_path / f"o_{memory}_{threads}"
-            run = subprocess.run([art, "run", "--input", f"x={x}", "--output", str(out), "--threads", str(threads)],
-                                 capture_output=True, text=True, timeout=300)
-            assert run.returncode == 0, run.stderr
-            outs[(memory, threads)] = np.load(out / "y.npy")
-    first = outs[("fast", 1)]
-    for key, y in outs.items():
-        np.testing.assert_array_equal(y, first, err_msg=str(key))  # the same packed values, widened exactly
-    held = {memory: resident_after_run(art) for memory, (art, _) in built.items()}
-    half = GEMM_N * GEMM_K * 2
-    assert held["lean"] < held["fast"] - 0.75 * half, {k: v / 2**20 for k, v in held.items()}
+        x = tmp_path / f"x{k}.npy"
+        np.save(x, np.random.default_rng(3).standard_normal((rows, k)).astype(np.float32))
+        outs = {}
+        for switches in ("", "fp16=0"):
+            for threads in (1, 2):
+                out = tmp_path / f"o_{k}_{switches}_{threads}"
+                run = subprocess.run([res["file"], "run", "--input", f"x={x}", "--output", str(out), "--threads",
+                                      str(threads)], capture_output=True, text=True, timeout=300,
+                                     env={**os.environ, "EDGEPACK_NCNN_OPTIONS": switches})
+                assert run.returncode == 0, run.stderr
+                outs[(switches, threads)] = np.load(out / "y.npy")
+        for key, y in outs.items():
+            np.testing.assert_array_equal(y, outs[("fp16=0", 1)], err_msg=f"{k} {key}")  # the same values, widened
+        if k == GEMM_K:
+            held = {switches: resident_after_run(res["file"], switches) for switches in ("", "fp16=0")}
+            assert held[""] < held["fp16=0"] - 0.75 * GEMM_N * GEMM_K * 2, {k: v / 2**20 for k, v in held.items()}

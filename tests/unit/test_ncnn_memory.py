@@ -83,20 +83,14 @@ def test_integer_convolutions_are_marked_for_f23_on_x86_and_kept_off_winograd_el
     assert int(fields(lean["big"])["31"]) == NO_WINOGRAD and int(fields(lean["small"])["31"]) & INTEGER_SUMS
 
 
-def test_x86_lean_marks_every_gemm_to_keep_its_packed_weights_in_fp16():
-    from edgepack.backends.ncnn.memory import FP16_PACKED
+def test_lean_leaves_gemms_as_they_are():
+    """The fp16 packed B needs no mark: every fp16-rung net keeps it (gemm_fp16_b_patch.py)."""
     param = ("7767517\n3 3\nInput in0 0 1 in0\nGemm gemm_0 1 1 in0 1 10=-1 2=0 3=1 4=0 5=1 6=1 7=20 8=8210 9=1024\n"
              "Gemm gemm_1 1 1 1 out0 5=1 31=2\n")
-    text, masked, _ = lean_param(param, direct=True)
-    lines = text.splitlines()
-    assert lines[3].endswith(f" 31={FP16_PACKED}") and lines[4].endswith(f" 31={FP16_PACKED | 2}"), text
-    assert masked == [] and lines[3].count("31=") == 1 and lines[4].count("31=") == 1
-    assert "31=" not in lean_param(param)[0].splitlines()[3]  # Arm: no such patch
-    assert lean_param(param, direct=True, integer=True)[0] == param  # integer marking: convolutions only
-    assert FP16_PACKED not in (NO_WINOGRAD, 1 << 8) and FP16_PACKED == 1 << 9  # the bit the patch reads
+    assert lean_param(param, direct=True) == (param, [], 0)
 
 
-def test_gemm_fp16_b_patch_is_x86_only_reads_bit_9_and_keeps_other_paths_fp32():
+def test_gemm_fp16_b_patch_is_x86_only_follows_fp16_storage_and_keeps_other_paths_fp32():
     from edgepack.backends.ncnn import library
     from edgepack.backends.ncnn.gemm_fp16_b_patch import _CREATE_NEW, _PACK_NEW, _SIG_NEW
     from edgepack.targets import TargetMatrix
@@ -104,5 +98,5 @@ def test_gemm_fp16_b_patch_is_x86_only_reads_bit_9_and_keeps_other_paths_fp32():
     names = [name for name, _, _ in library._arch_patches(matrix.get("x86_64"))]
     assert names.index("gemm_fp16_b_patch") > max(names.index("fp16_weights_patch"), names.index("int8_gemv_patch"))
     assert "gemm_fp16_b_patch" not in [name for name, _, _ in library._arch_patches(matrix.get("arm64"))]
-    assert "(featmask & (1 << 9))" in _CREATE_NEW and "!constantA" in _CREATE_NEW  # gemm_AT_BT reads fp32 tiles
+    assert "opt.use_fp16_storage" in _CREATE_NEW and "!constantA" in _CREATE_NEW  # gemm_AT_BT reads fp32 tiles
     assert "BT_tile.elemsize == 2u" in _PACK_NEW and "elemsize != 2u" in _SIG_NEW

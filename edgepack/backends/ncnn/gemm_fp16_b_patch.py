@@ -1,20 +1,20 @@
-"""`--memory lean`: a Gemm's large constant B stays fp16 after packing, widened one tile at a time as
-the GEMM reads it (src/layer/x86/gemm_x86.cpp).
+"""A Gemm's large constant B stays fp16 after packing where the net stores fp16, widened a run of columns at a
+time as the GEMM reads it (src/layer/x86/gemm_x86.cpp).
 
 fp16_weights_patch.py keeps a large constant B (transB=1, fp16 in the .bin) in fp16 only until
-create_pipeline packs it: the packed tiles are fp32, twice the bytes, for the life of the net. A CRNN's
-classifier (ddddocr_crnn: 1024 features by 8210 characters) holds 33.6 MB of them, the largest part of
+create_pipeline packs it: the packed tiles were fp32, twice the bytes, for the life of the net. A CRNN's
+classifier (ddddocr_crnn: 1024 features by 8210 characters) held 33.6 MB of them, the largest part of
 its peak RSS.
 
-In a Gemm marked with featmask bit 9 (memory.FP16_PACKED: lean mode marks every Gemm on x86), when B
-was loaded as fp16 and A is not constant, create_pipeline packs each tile as before and keeps it in
-fp16 (exact: the values came from fp16), and gemm_BT_x86 widens each (j, k) tile of B into a per-thread
-fp32 buffer (a few hundred KiB) just before ncnn's tile kernel reads it: half the resident kernel, the
-same packed values, so the same bits. The body of gemm_BT_x86 is untouched: its B parameter becomes a
-small view whose channel(j).row_range(k, 1), the only way the body reads B, returns the widened tile.
-It costs speed, which is why `fast` keeps fp32 tiles: the 20 x 1024 x 8210 Gemm alone, side by side,
-3.28 -> 3.61 ms on 1 thread and 2.24 -> 3.01 on 2 (the widening is one more pass over B a run). Other
-Gemm paths (A constant too, bf16, int8, Arm) keep fp32 tiles. x86 builds only, after int8_gemv_patch.py.
+Where the net stores fp16 (`use_fp16_storage`: the build's fp16 rung; `EDGEPACK_NCNN_OPTIONS=fp16=0` turns it
+off, to measure), B was loaded as fp16 and A is not constant, create_pipeline packs each tile as before and
+keeps it in fp16 (exact: the values came from fp16). gemm_BT_x86's tile products go through ep_gemm_b_tile,
+which widens an fp16 tile 48 columns at a time (whole panels: the same sums) into a per-thread fp32 buffer just
+before ncnn's tile kernel reads them: half the resident kernel, the same packed values, so the same bits. The
+body of gemm_BT_x86 is untouched: a local lambda named like ncnn's tile kernel hides it there.
+Version 1 widened whole tiles, in `--memory lean` only: one more pass over B through memory, and the
+20 x 1024 x 8210 Gemm alone ran 3.28 -> 3.61 ms on 1 thread and 2.24 -> 3.01 on 2. Other Gemm paths (A constant
+too, bf16, int8, Arm) keep fp32 tiles. x86 builds only, after int8_gemv_patch.py.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-GEMM_FP16_B_PATCH_VERSION = 1  # part of the x86 libncnn cache key (library.py)
+GEMM_FP16_B_PATCH_VERSION = 2  # part of the x86 libncnn cache key (library.py); 2: every fp16-rung net, by runs of columns
 
 _SIG_OLD = ("static int gemm_BT_x86(const Mat& A, const Mat& BT, const Mat& C, Mat& top_blob, int broadcast_type_C, "
             "int N, int K, int transA, int output_transpose, int constant_TILE_M, int constant_TILE_N, "
@@ -44,64 +44,66 @@ static void ep_narrow_tile(const Mat& src, Mat& dst, int n)
         d[i] = float32_to_float16(s[i]);
 }
 
-// gemm_BT_x86's packed B: fp32 tiles as they are, fp16 tiles widened into this thread's buffer
-struct EpPackedB
+// n fp16 values to fp32
+static void ep_widen_b(const unsigned short* s, float* d, int n)
 {
-    const Mat& packed;
-    const Mat& scratch; // nT channels of one tile's fp32, when packed is fp16
-
-    struct Channel
-    {
-        const EpPackedB& b;
-        int c;
-        Mat row_range(int r, int n) const
-        {
-            Mat tile = b.packed.channel(c).row_range(r, n);
-            if (tile.elemsize != 2u)
-                return tile;
-            Mat out = b.scratch.channel(get_omp_thread_num());
-            const unsigned short* s = (const unsigned short*)tile.data;
-            float* d = out;
-            const int count = tile.w * n;
-            int i = 0;
+    int i = 0;
 #if __F16C__
-            for (; i + 7 < count; i += 8)
-                _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + i))));
+    for (; i + 7 < n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + i))));
 #endif
-            for (; i < count; i++)
-                d[i] = float16_to_float32(s[i]);
-            return out;
-        }
-    };
+    for (; i < n; i++)
+        d[i] = float16_to_float32(s[i]);
+}
 
-    Channel channel(int c) const
+// gemm_BT_x86's tile product for an fp32 or an fp16 tile of B. An fp16 tile is widened into this thread's
+// channel of `wide` (a whole tile's floats) and ncnn's kernel runs on that: on runs of 48 columns, each widened
+// just before the kernel reads it, so it is read from cache (widening the whole tile first was one more pass
+// over B through memory: the 20 x 1024 x 8210 Gemm ran 10% slower on 1 thread, 34% on 2); on the whole tile
+// where partial sums are kept between K tiles (topT_tile). A run is whole panels (16 columns on AVX-512, 12
+// otherwise: pack_B_tile's widest), so its panels are the tile's, and the kernel places its outputs by the
+// first column it is given: the same sums as on the whole tile.
+static void ep_gemm_b_tile(const Mat& wide, const Mat& AT_tile, const Mat& BT_tile, const Mat& CT_tile, Mat& topT_tile, Mat& top_blob, int broadcast_type_C, int i, int max_ii, int j, int max_jj, int k, int max_kk, bool k_end)
+{
+    if (BT_tile.elemsize != 2u)
     {
-        Channel ch = {*this, c};
-        return ch;
+        gemm_transB_packed_tile(AT_tile, BT_tile, CT_tile, topT_tile, top_blob, broadcast_type_C, i, max_ii, j, max_jj, k, max_kk, k_end);
+        return;
     }
-};
+    const unsigned short* b = (const unsigned short*)BT_tile.data;
+    float* w = (float*)wide.channel(get_omp_thread_num()).data;
+    const int run = topT_tile.empty() ? 48 : max_jj;
+    for (int jj0 = 0; jj0 < max_jj; jj0 += run)
+    {
+        const int cols = std::min(run, max_jj - jj0);
+        ep_widen_b(b + (size_t)jj0 * max_kk, w, cols * max_kk);
+        const Mat bt(cols * max_kk, (void*)w, 4u);
+        gemm_transB_packed_tile(AT_tile, bt, CT_tile, topT_tile, top_blob, broadcast_type_C, i, max_ii, j + jj0, cols, k, max_kk, k_end);
+    }
+}
 
 } // namespace
 
-static int gemm_BT_x86(const Mat& A, const Mat& ep_BT_packed, const Mat& C, Mat& top_blob, int broadcast_type_C, int N, int K, int transA, int output_transpose, int constant_TILE_M, int constant_TILE_N, int constant_TILE_K, int nT, const Option& opt)
-{
-    Mat ep_scratch;
-    if (ep_BT_packed.elemsize == 2u)
+''' + _SIG_OLD + r'''    Mat ep_wide; // edgepack (gemm_fp16_b_patch.py): each thread's fp32 tile of B, when B is kept in fp16
+    if (BT.elemsize == 2u)
     {
-        ep_scratch.create(ep_BT_packed.w, 1, nT, 4u, opt.workspace_allocator);
-        if (ep_scratch.empty())
+        ep_wide.create(BT.w, 1, nT, 4u, opt.workspace_allocator);
+        if (ep_wide.empty())
             return -100;
     }
-    const EpPackedB BT = {ep_BT_packed, ep_scratch};
+    // the tile products below call this, which hides ncnn's kernel: ep_gemm_b_tile widens fp16 tiles for it
+    const auto gemm_transB_packed_tile = [&ep_wide](const Mat& AT_tile, const Mat& BT_tile, const Mat& CT_tile, Mat& topT_tile, Mat& top_blob, int broadcast_type_C, int i, int max_ii, int j, int max_jj, int k, int max_kk, bool k_end) {
+        ep_gemm_b_tile(ep_wide, AT_tile, BT_tile, CT_tile, topT_tile, top_blob, broadcast_type_C, i, max_ii, j, max_jj, k, max_kk, k_end);
+    };
 '''
 
 _CREATE_OLD = """        BT_data.create(TILE_K * TILE_N, nn_K, nn_N, 4u, (Allocator*)0);
         if (BT_data.empty())
             return -100;
 """
-_CREATE_NEW = """        // edgepack (gemm_fp16_b_patch.py): in a layer lean mode marks (featmask bit 9), a B loaded as fp16 stays
-        // fp16 packed (gemm_BT_x86 widens its tiles); with a constant A too, gemm_AT_BT_x86 reads fp32 tiles
-        const bool ep_b16 = B_data.elemsize == 2u && !constantA && (featmask & (1 << 9));
+_CREATE_NEW = """        // edgepack (gemm_fp16_b_patch.py): where the net stores fp16, a B loaded as fp16 stays fp16 packed
+        // (gemm_BT_x86 widens its tiles); with a constant A too, gemm_AT_BT_x86 reads fp32 tiles
+        const bool ep_b16 = B_data.elemsize == 2u && !constantA && opt.use_fp16_storage;
         BT_data.create(TILE_K * TILE_N, nn_K, nn_N, ep_b16 ? 2u : 4u, (Allocator*)0);
         if (BT_data.empty())
             return -100;

@@ -13,9 +13,8 @@ break-even: it needs no transformed kernel and no im2col or GEMM workspace, and 
 fp16 when they convert exactly (as pnnx stores them). nudenet_320n: peak RSS 0.96 of the model's
 need (2.09 before; `fast` 2.55), for 12% of speed on 1 thread and none on 2 (docs/backends.md, Memory).
 
-On x86 every Gemm is also marked FP16_PACKED (bit 9, edgepack's own): one whose large constant B was
-stored in fp16 keeps its packed tiles in fp16 and widens each as it reads it (gemm_fp16_b_patch.py):
-ddddocr_crnn's 8210-class classifier holds 16.8 MB instead of 33.6, for a slower GEMM.
+(A Gemm whose large constant B was stored in fp16 keeps its packed tiles in fp16 in both modes:
+gemm_fp16_b_patch.py; lean had marked Gemms for it with featmask bit 9 until it cost no speed.)
 
 The .param is the build's own pnnx output; this only sets featmask bits (`31=`) on chosen lines.
 """
@@ -26,7 +25,6 @@ from pathlib import Path
 MODES = ("fast", "lean")
 NO_WINOGRAD = 1 << 6          # ncnn get_masked_option: featmask bit 6 masks use_winograd_convolution
 INTEGER_SUMS = 1 << 8         # edgepack's own: sums integers, may take Winograd F(2,3) (integer_winograd_patch.py, x86)
-FP16_PACKED = 1 << 9          # edgepack's own: a Gemm keeps its packed constant B in fp16 (gemm_fp16_b_patch.py, x86)
 KERNEL_LIMIT = 1 << 20        # bytes of transformed kernel above which a layer runs without Winograd
 
 
@@ -70,26 +68,23 @@ def direct_kernel_takes(fields: dict[str, str]) -> bool:
 def lean_param(text: str, limit: int = KERNEL_LIMIT, direct: bool = False,
                integer: bool = False) -> tuple[str, list[str], int]:
     """(param text with Winograd masked on layers whose kernel exceeds `limit`, and with `direct` (x86)
-    on every layer the direct kernel takes, and every Gemm marked FP16_PACKED; the masked convolutions'
-    names; bytes of Winograd kernel saved). `integer`:
+    on every layer the direct kernel takes; the masked convolutions' names; bytes of Winograd kernel
+    saved). `integer`:
     the masked layers are also marked INTEGER_SUMS; otherwise a masked layer loses that mark (lean
     mode's mask is for memory, and F(2,3) keeps a transformed kernel too)."""
     out, masked, saved = [], [], 0
     for line in text.splitlines():
         t = line.split()
-        if len(t) > 4 and t[0] in ("Gemm", "Convolution") and t[2].isdigit() and t[3].isdigit():
+        if len(t) > 4 and t[0] == "Convolution" and t[2].isdigit() and t[3].isdigit():
             head = 4 + int(t[2]) + int(t[3])
             fields = dict(kv.split("=", 1) for kv in t[head:] if "=" in kv and not kv.startswith("-"))
             mask = int(fields.get("31", 0))
-            if t[0] == "Gemm" and direct and not integer:
-                line = _with_featmask(t, head, mask | FP16_PACKED)
-            elif t[0] == "Convolution":
-                size, plain = winograd_bytes(fields)
-                if size > limit or direct and direct_kernel_takes(fields):
-                    mask |= NO_WINOGRAD
-                    line = _with_featmask(t, head, mask | INTEGER_SUMS if integer else mask & ~INTEGER_SUMS)
-                    masked.append(t[1])
-                    saved += size - plain if size else 0
+            size, plain = winograd_bytes(fields)
+            if size > limit or direct and direct_kernel_takes(fields):
+                mask |= NO_WINOGRAD
+                line = _with_featmask(t, head, mask | INTEGER_SUMS if integer else mask & ~INTEGER_SUMS)
+                masked.append(t[1])
+                saved += size - plain if size else 0
         out.append(line)
     return "\n".join(out) + "\n", masked, saved
 
@@ -120,9 +115,8 @@ def apply_memory_mode(engine, mode: str, workdir: Path, arch: str):
         raise ValueError(f"memory mode {mode!r}: one of {', '.join(MODES)}")
     if mode == "fast" or engine.backend != "ncnn" or engine.segments:
         return engine
-    direct = arch == "x86_64"  # the direct kernel and the fp16 packed Gemm B are x86 patches
+    direct = arch == "x86_64"  # the direct kernel is an x86 patch
     text, masked, saved = lean_param(Path(engine.model_blobs[0]).read_text(), KERNEL_LIMIT, direct)
-    gemms = sum(1 for line in text.splitlines() if line.split()[:1] == ["Gemm"]) if direct else 0
     workdir.mkdir(parents=True, exist_ok=True)
     param = workdir / "model.lean.param"
     param.write_text(text)
@@ -130,4 +124,4 @@ def apply_memory_mode(engine, mode: str, workdir: Path, arch: str):
         engine, model_blobs=(param, *engine.model_blobs[1:]),
         manifest={**engine.manifest, "memory": mode, "winograd_masked_layers": masked,
                   "winograd_kernel_bytes_saved": saved,
-                  "lean_direct_kernel": direct, "lean_fp16_packed_gemms": gemms})
+                  "lean_direct_kernel": direct})
