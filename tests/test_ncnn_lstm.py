@@ -1,5 +1,5 @@
 """ncnn's x86 LSTM as edgepack builds it (edgepack/backends/ncnn/lstm_patch.py: the input products of
-every step are computed before the recurrence; W_hc in fp16 under fp16 storage) gives onnxruntime's answer on every x86 CPU model the
+every step are computed before the recurrence; W_hc and W_xc in fp16 under fp16 storage) gives onnxruntime's answer on every x86 CPU model the
 artifact may meet: AVX-512 (native here), AVX2+FMA (Haswell) and SSE only (Nehalem) each run a
 different copy of the patched code. The shapes reach every branch of the patch: an odd hidden size
 (the 4-lane unit left over after the 8-lane pairs), a sequence of 7 (one block of 4 steps and a tail
@@ -78,7 +78,7 @@ def test_patched_lstm_matches_onnxruntime_on_every_x86_cpu(lstm_model, tmp_path)
         err = float(np.abs(exact[cpu] - want).max())
         assert err <= 1e-4 * scale, (cpu, err)
 
-    # fp16 storage keeps W_hc in fp16 where the LSTM code that runs has F16C: the AVX-512 build of the
+    # fp16 storage keeps W_hc and W_xc in fp16 where the LSTM code that runs has F16C: the AVX-512 build of the
     # layer (native here) and the AVX build's hand-over to lstm_fma (Haswell); Nehalem has neither. The
     # fp32 artifact's weights are exact fp32, so switching fp16 storage on at run time shows where the
     # fp16 copy is used (an fp16-storage build stores fp16-rounded weights: the copy would be exact).
