@@ -146,7 +146,9 @@ def corpus_rows(names: list[str], out: Path, runs: int, switches: str = "") -> l
         e = entries[name]
         model = corpus.fetch(e, offline=True)
         artifact = out / f"{model.stem}-x86_64"
-        if not artifact.is_file():
+        if artifact.is_file():  # said aloud: an artifact left by an older tree measures the older code
+            print(f"{name}: measuring the artifact already in {out} (delete it to rebuild)", file=sys.stderr, flush=True)
+        else:
             doc, _ = corpus.build(e, model, "x86_64", out)
             if not doc.get("results") or not doc["results"][0]["ok"]:
                 rows.append({"artifact": name, "error": str(doc)[:300]})
