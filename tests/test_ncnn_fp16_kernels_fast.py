@@ -19,12 +19,11 @@ import re
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from clirun import host_cpu_flags, run_artifact_on
 from test_memory import conv_relu_stack, resident_after_run
-from test_ncnn_winograd_fp16 import build_x86_ncnn
+from test_ncnn_winograd_fp16 import build_x86_ncnn, f16c_cpus, fp16_rung_reference
 
 H, W = 24, 20
 LAYERS = [(64, 36, 1, 1), (36, 2052, 3, 2), (2052, 40, 3, 2)]  # (in, out, kernel, stride)
@@ -54,16 +53,8 @@ def _model(path):
 
 def test_fp16_gemm_conv_kernels_give_the_fp32_kernels_bits_on_every_x86_cpu(tmp_path):
     model = _model(tmp_path / "gcf16.onnx")
-    res = build_x86_ncnn(model, tmp_path / "out")
-    assert res["precision"] == "fp16-storage", res
-    x = np.random.default_rng(5).standard_normal((1, LAYERS[0][0], H, W)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    scale = float(np.abs(want).max())
-    assert scale > 0.1
-    f16c = "f16c" in host_cpu_flags()
-    cpus = {"native isa=sse": False, "Nehalem": False, "Haswell-noTSX": True, "IvyBridge": True, "native": f16c}
-    for cpu, fp16 in cpus.items():
+    res, want, scale = fp16_rung_reference(model, tmp_path, 5, (1, LAYERS[0][0], H, W))
+    for cpu, fp16 in f16c_cpus().items():
         got = {}
         for switch in ("", "fp16=0"):
             for threads in (1, 2):

@@ -59,19 +59,29 @@ def build_x86_ncnn(model, out, *extra):
     return res
 
 
-def test_fp16_winograd_kernels_match_onnxruntime_on_every_x86_cpu(tmp_path):
-    model = _model(tmp_path / "wf16.onnx")
+def f16c_cpus() -> dict[str, bool]:
+    """The CPUs an x86 artifact is checked on, each with whether it has F16C (and so fp16 kernels).
+    IvyBridge: AVX and F16C without FMA (ncnn's AVX tile kernel, not the FMA one)."""
+    return {"native isa=sse": False, "Nehalem": False, "Haswell-noTSX": True, "IvyBridge": True,
+            "native": "f16c" in host_cpu_flags()}
+
+
+def fp16_rung_reference(model, tmp_path, seed: int, shape: tuple) -> tuple[dict, np.ndarray, float]:
+    """The model built at the fp16 rung, its input saved as tmp_path/x.npy, onnxruntime's output and its scale."""
     res = build_x86_ncnn(model, tmp_path / "out")
     assert res["precision"] == "fp16-storage", res  # the rung that keeps kernels in fp16
-    x = np.random.default_rng(4).standard_normal((1, LAYERS[0][0], H, W)).astype(np.float32)
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     scale = float(np.abs(want).max())
     assert scale > 0.1
-    f16c = "f16c" in host_cpu_flags()
-    # IvyBridge: AVX and F16C without FMA (ncnn's AVX tile kernel, not the FMA one)
-    cpus = {"native isa=sse": False, "Nehalem": False, "Haswell-noTSX": True, "IvyBridge": True, "native": f16c}
-    for cpu, fp16 in cpus.items():
+    return res, want, scale
+
+
+def test_fp16_winograd_kernels_match_onnxruntime_on_every_x86_cpu(tmp_path):
+    model = _model(tmp_path / "wf16.onnx")
+    res, want, scale = fp16_rung_reference(model, tmp_path, 4, (1, LAYERS[0][0], H, W))
+    for cpu, fp16 in f16c_cpus().items():
         got = {}
         for threads in (1, 2):
             outs, log = run_artifact_on(res["file"], cpu, {"x": tmp_path / "x.npy"}, tmp_path / f"{cpu}-{threads}",

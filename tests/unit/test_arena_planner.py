@@ -3,12 +3,10 @@ placement (no two requests alive at once share a byte, none meets a block made b
 the blob the engine reads (runtimes/ncnn/ep_ncnn_pool.cc, ep_ncnn_arena_set_plan)."""
 from __future__ import annotations
 
+import hashlib
 import struct
 
 import numpy as np
-
-import hashlib
-
 import pytest
 
 from edgepack.backends.ncnn.arena_plan import (MAGIC, MIN_SAVING, ArenaPlan, RecordedRun, Request, carried_plan,
