@@ -24,36 +24,12 @@ from pathlib import Path
 from .source_patch import apply_file_edits, file_edits_key
 from .winograd_fp16_patch import F16C_HELPERS
 
-GEMM_CONV_FP16_PATCH_VERSION = 1
+GEMM_CONV_FP16_PATCH_VERSION = 2  # 2: exact narrowing shared (F16C_HELPERS' ep_wf16_narrow_exact)
 
 _HELPERS_ANCHOR = "static int convolution_im2col_gemm(const Mat& bottom_blob, Mat& top_blob, const Mat& AT, const Mat& bias, "
 _HELPERS = F16C_HELPERS + r'''// ---- edgepack (gemm_conv_fp16_patch.py) ----
 #ifndef EP_GEMM_CONV_FP16_DEFINED
 #define EP_GEMM_CONV_FP16_DEFINED
-#if EP_WF16
-// n fp32 values to fp16 in d; whether every one converted exactly (NaN does not)
-__attribute__((target("avx,f16c"))) static bool ep_gcf16_narrow_exact(const float* s, unsigned short* d, int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-    {
-        const __m256 v = _mm256_loadu_ps(s + i);
-        const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
-        if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_cvtph_ps(h), v, _CMP_NEQ_UQ)))
-            return false;
-        _mm_storeu_si128((__m128i*)(d + i), h);
-    }
-    for (; i < n; i++)
-    {
-        const unsigned short h = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
-        if (!(_cvtsh_ss(h) == s[i]))
-            return false;
-        d[i] = h;
-    }
-    return true;
-}
-#endif
-
 // create_pipeline: the packed kernel (AT, from convolution_im2col_gemm_transform_kernel) kept in fp16 where the
 // net stores fp16, the CPU has F16C and every value the tiles hold converts exactly; whether it was
 static bool ep_im2col_kernel_fp16(Mat& AT, int M, int K, const Option& opt)
@@ -75,7 +51,7 @@ static bool ep_im2col_kernel_fp16(Mat& AT, int M, int K, const Option& opt)
             // a tile of max_ii x max_kk fills the first values of its row; the rest was never written
             const int n = std::min(M - q * TILE_M, TILE_M) * std::min(K - y * TILE_K, TILE_K);
             unsigned short* d = half.channel(q).row<unsigned short>(y);
-            if (!ep_gcf16_narrow_exact(AT.channel(q).row(y), d, n))
+            if (!ep_wf16_narrow_exact(AT.channel(q).row(y), d, n))
                 return false;
             memset(d + n, 0, (size_t)(AT.w - n) * 2u);
         }
@@ -103,7 +79,7 @@ static void ep_im2col_gemm_tile(const Mat& AT_tile, const Mat& BT_tile, const Ma
         for (int ii0 = 0; ii0 < max_ii; ii0 += EP_WF16_ROWS)
         {
             const int rows = std::min(EP_WF16_ROWS, max_ii - ii0);
-            ep_wf16_widen(at + (size_t)max_kk * ii0, (float*)wide.data, rows * max_kk, 1.f);
+            ep_wf16_widen(at + (size_t)max_kk * ii0, (float*)wide.data, rows * max_kk);
             const Mat at_rows(rows * max_kk, wide.data, 4u);
             Mat top_rows;
             if (!topT_tile.empty())

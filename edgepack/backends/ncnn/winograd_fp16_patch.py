@@ -1,34 +1,30 @@
-"""Winograd F(4,3) kernels kept in fp16 on x86 CPUs with F16C (src/layer/x86/convolution_x86.cpp and
+"""Winograd kernels kept as fp16 3x3 weights on x86 CPUs with F16C (src/layer/x86/convolution_x86.cpp and
 convolution_3x3_winograd.h; issue 10 item 5, memory in the default `fast` mode).
 
-ncnn's x86 3x3 stride-1 convolutions keep their Winograd-transformed kernels for the life of the net, 36/9
-(F(4,3): layers with more than 32 channels on a side, when pnnx gives no shapes) or 64/9 (F(6,3)) times
-the layer's fp32 weights: on nudenet_320n 27.7 MB, two thirds of what the artifact holds after loading.
-ncnn's Arm build keeps them in fp16 where it computes in fp16; x86 has no fp16 arithmetic, and its tile
-kernel (with edgepack's paired panels, gemm_pair_patch.py) reads fp32.
+ncnn's x86 3x3 stride-1 convolutions keep their Winograd-transformed kernels for the life of the net: 16/9
+(F(2,3): integer-sum layers, integer_winograd_patch.py), 36/9 (F(4,3): layers with more than 32 channels on a
+side, when pnnx gives no shapes) or 64/9 (F(6,3)) times the layer's fp32 weights; on nudenet_320n 27.7 MB, two
+thirds of what the artifact held after loading. Version 2 kept F(4,3) kernels in fp16, scaled by a power of
+two: still 4x the layer's fp16 weights (YOLO11s-seg 23 MB, ddddocr_det 17 MB), the largest share of what
+`fast` held, and rounded (a layer came out 1.2e-3 of its scale off; F(6,3)'s smaller fractions were worse, so
+it kept fp32).
 
-Here, where the net stores in fp16 (`use_fp16_storage`: the build's fp16 rung; the fp32 rung turns it
-off) and the CPU has F16C, create_pipeline narrows each F(4,3) kernel to fp16 once it is transformed
-(round to nearest), and the convolution widens 16 rows (32 with AVX-512: a whole pair of panels) of a
-kernel tile at a time into a per-thread buffer and runs ncnn's tile kernel on it unchanged: its packing
-puts each run of rows in one stretch of every batch row, and its output for those rows in one stretch of
-the output tile. So the sums are those of an fp32 kernel rounded to fp16, in ncnn's order.
+Here, where the net stores in fp16 (`use_fp16_storage`: the build's fp16 rung; the fp32 rung and the switch
+`EDGEPACK_NCNN_OPTIONS=fp16=0` turn it off), the CPU has F16C and every weight of the layer is an fp16 value
+(fp16 weights widened by the loader always are; so are the small integers of integer-sum layers),
+create_pipeline keeps the layer's 3x3 weights in fp16 instead of its transformed kernel, in whichever variant
+ncnn chose. The convolution transforms EP_WF16_ROWS rows (a pair of panels) of a kernel tile at a time into a
+per-thread buffer, straight into pack_A_tile's layout, with ncnn's own transform arithmetic on the same
+values, and runs ncnn's tile kernel on each run of rows as on a tile of its own: its packing puts each run of
+rows in one stretch of every batch row, and its output for those rows in one stretch of the output tile. So
+the kernel values are the fp32 kernel's but for the order -ffast-math lets the compiler give that
+arithmetic (F(2,3)'s halves of small integers stay exact in any order).
 
-The transform's fractions (G has 1/4 ... 1/24) put many kernel values below fp16's least normal number,
-where it keeps few bits (a 40 -> 24 layer came out 1.2e-3 of scale off; a 24 -> 24 F(6,3) layer 1% here
-and 19x its scale under qemu's Haswell, whose handling of those subnormals differs from this host's): the kernel is stored times a power of two that puts
-its largest value in [2^13, 2^14), and widened times the inverse, exactly (kept in two more halves at the end
-of each kernel row). F(6,3)'s fractions reach
-1/8100 and its output transform multiplies by up to 32: in fp16, scaled as above, a 24 -> 24 layer was still
-0.84% of scale off and a 32 -> 32 one 1.3%, so it keeps fp32 (its kernels are the small ones: at most 32 x 32
-channels). F(2,3) keeps fp32 too: integer-sum
-layers (integer_winograd_patch.py) take it and must stay exact. The build's verification against
-onnxruntime decides, as for every fp16 rung, whether the whole model is close enough.
+The cost is the transform, vectorised across a panel's rows, once per kernel tile per output tile column
+(N): small beside the tile's T x T x TILE_N products per weight, except on deep layers over small maps,
+where one tile column holds every output tile.
 
-The widening is one pass over a kernel tile per output tile column (N), into a buffer the tile kernel
-then reads from cache; for deep layers on small maps, where the kernel is read once or twice a run, the
-fp16 kernel halves what comes from memory. Only x86 builds compile it, so only their cache key carries
-WINOGRAD_FP16_PATCH_KEY.
+Only x86 builds compile it, so only their cache key carries WINOGRAD_FP16_PATCH_KEY.
 """
 from __future__ import annotations
 
@@ -36,7 +32,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-WINOGRAD_FP16_PATCH_VERSION = 2  # 2: the F16C conversions in their own block (F16C_HELPERS)
+WINOGRAD_FP16_PATCH_VERSION = 3  # 2: the F16C conversions in their own block (F16C_HELPERS); 3: fp16 3x3 weights, transformed per tile, every variant
 
 _HELPERS_ANCHOR = "static int conv3x3s1_winograd23(const Mat& bottom_blob, Mat& top_blob, const Mat& AT, const Mat& bias, int nT, const Option& opt)\n{"
 # F16C conversions, shared with gemm_conv_fp16_patch.py: each header that needs them carries this block, and
@@ -52,34 +48,37 @@ F16C_HELPERS = r'''// ---- edgepack (winograd_fp16_patch.py): F16C conversions -
 #else
 #define EP_WF16_ROWS 16 // a pair of 8-row panels (gemm_pair_patch)
 #endif
-// n fp32 values times 2^s to fp16, rounded to nearest (F16C: these functions run only where CPUID has it)
-__attribute__((target("avx,f16c"))) static void ep_wf16_narrow(const float* s, unsigned short* d, size_t n, float scale)
+// n fp32 values to fp16 in d; whether every one converted exactly (NaN does not). F16C: these functions run
+// only where CPUID has it
+__attribute__((target("avx,f16c"))) static bool ep_wf16_narrow_exact(const float* s, unsigned short* d, int n)
 {
-    const __m256 k = _mm256_set1_ps(scale);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(s + i), k), _MM_FROUND_TO_NEAREST_INT));
-    if (i < n)
-    {
-        float tail[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        unsigned short out[8];
-        for (size_t t = i; t < n; t++)
-            tail[t - i] = s[t];
-        _mm_storeu_si128((__m128i*)out, _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(tail), k), _MM_FROUND_TO_NEAREST_INT));
-        for (size_t t = i; t < n; t++)
-            d[t] = out[t - i];
-    }
-}
-
-// n fp16 values times `unscale` (a power of two: exact) to fp32
-__attribute__((target("avx,f16c"))) static void ep_wf16_widen(const unsigned short* s, float* d, int n, float unscale)
-{
-    const __m256 k = _mm256_set1_ps(unscale);
     int i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(d + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + i))), k));
+    {
+        const __m256 v = _mm256_loadu_ps(s + i);
+        const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_cvtph_ps(h), v, _CMP_NEQ_UQ)))
+            return false;
+        _mm_storeu_si128((__m128i*)(d + i), h);
+    }
     for (; i < n; i++)
-        d[i] = _cvtsh_ss(s[i]) * unscale;
+    {
+        const unsigned short h = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+        if (!(_cvtsh_ss(h) == s[i]))
+            return false;
+        d[i] = h;
+    }
+    return true;
+}
+
+// n fp16 values to fp32
+__attribute__((target("avx,f16c"))) static void ep_wf16_widen(const unsigned short* s, float* d, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + i))));
+    for (; i < n; i++)
+        d[i] = _cvtsh_ss(s[i]);
 }
 #endif // x86-64, clang/gcc
 #endif // EP_WF16_HELPERS_DEFINED
@@ -90,75 +89,180 @@ _HELPERS = F16C_HELPERS + r'''// ---- edgepack (winograd_fp16_patch.py) ----
 #ifndef EP_WINOGRAD_FP16_DEFINED
 #define EP_WINOGRAD_FP16_DEFINED
 
-// create_pipeline: a transformed kernel (AT) kept in fp16 where the net stores fp16 and the CPU has F16C;
-// whether it was. The transform's fractions (1/4 .. 1/24 in G) put many of a kernel's values below fp16's
-// least normal number (6.1e-05), where it keeps few bits; so the kernel is stored times 2^s, its largest
-// value in [2^13, 2^14), and each row of the fp16 kernel is two halves longer, where 2^-s is kept (as a
-// float's bytes) for the widening: any tile can read it from its first row.
-static bool ep_winograd_kernel_fp16(Mat& AT, int M, int K, const Option& opt)
+// Rows of the panel pack_A_tile starts with `left` rows of a tile still to pack: this build's widest first
+static inline int ep_wk_panel(int left)
+{
+#if __AVX512F__
+    if (left >= 16)
+        return 16;
+#endif
+#if __AVX__
+    if (left >= 8)
+        return 8;
+#endif
+#if __SSE2__
+    if (left >= 4)
+        return 4;
+#endif
+    return left >= 2 ? 2 : 1;
+}
+
+// create_pipeline: where the net stores fp16, the CPU has F16C and every weight is an fp16 value, a Winograd
+// kernel AT (from conv3x3s1_winograd{23,43,63}_transform_kernel) is replaced by the layer's 3x3 weights in fp16,
+// tiled as AT is: tile (i, k) is AT.channel(i / TILE_M).depth(k / TILE_K), its rows in pack_A_tile's panels, and
+// in a panel of P rows, for each input channel, the 9 taps of the P rows (tap-major). ep_wk_panel transforms
+// them back as the convolution goes. Whether it was replaced (not where AT is empty: another variant's).
+static bool ep_winograd_kernel_fp16(const Mat& kernel, Mat& AT, int inch, int outch, const Option& opt)
 {
 #if EP_WF16
-    if (AT.empty() || AT.elemsize != 4u || AT.elempack != 1 || !opt.use_fp16_storage || !cpu_support_x86_f16c())
+    if (AT.empty() || AT.elemsize != 4u || kernel.empty() || !opt.use_fp16_storage || !cpu_support_x86_f16c())
         return false;
-    // the largest value the tiles hold: a tile of max_ii x max_kk (M and K's last tiles may be partial) fills
-    // the first max_ii * max_kk values of each of its rows, the rest is whatever the allocation held before
+    const int M = outch;
+    const int K = inch;
     int TILE_M, TILE_N, TILE_K;
     get_optimal_tile_mnk(M, 0, K, TILE_M, TILE_N, TILE_K, opt.num_threads); // as the transform tiled it
     if ((M + TILE_M - 1) / TILE_M != AT.c || (K + TILE_K - 1) / TILE_K != AT.d)
         return false; // not the tiling this reads: keep fp32
-    float largest = 0.f;
+    Mat g;
+    g.create(TILE_M * TILE_K * 9, 1, AT.d, AT.c, 2u, (Allocator*)0);
+    if (g.empty())
+        return false;
+    float taps[9 * 16];
     for (int i = 0; i < M; i += TILE_M)
     {
         for (int k = 0; k < K; k += TILE_K)
         {
-            const Mat tile = AT.channel(i / TILE_M).depth(k / TILE_K);
-            const int n = std::min(M - i, TILE_M) * std::min(K - k, TILE_K);
-            for (int y = 0; y < AT.h; y++)
+            const int max_ii = std::min(M - i, TILE_M);
+            const int max_kk = std::min(K - k, TILE_K);
+            unsigned short* d = (unsigned short*)g.channel(i / TILE_M).depth(k / TILE_K).data;
+            for (int ii = 0; ii < max_ii;)
             {
-                const float* p = tile.row(y);
-                for (int j = 0; j < n; j++)
-                    largest = std::max(largest, fabsf(p[j]));
+                const int P = ep_wk_panel(max_ii - ii);
+                for (int kk = 0; kk < max_kk; kk++)
+                {
+                    const float* k0 = (const float*)kernel + (size_t)(i + ii) * inch * 9 + (size_t)(k + kk) * 9;
+                    for (int t = 0; t < 9; t++)
+                        for (int r = 0; r < P; r++)
+                            taps[t * P + r] = k0[(size_t)r * inch * 9 + t];
+                    if (!ep_wf16_narrow_exact(taps, d, 9 * P))
+                        return false; // not fp16 values: keep fp32
+                    d += 9 * P;
+                }
+                ii += P;
             }
         }
     }
-    if (!(largest < 3.0e38f)) // inf or NaN: keep fp32
-        return false;
-    int e = 0;
-    if (largest > 0.f)
-        frexpf(largest, &e); // largest = m * 2^e, m in [0.5, 1)
-    const int s = std::min(100, std::max(-100, 14 - e));
-    const float scale = ldexpf(1.f, s);
-    const float unscale = ldexpf(1.f, -s);
-    Mat half;
-    half.create(AT.w + 2, AT.h, AT.d, AT.c, 2u, (Allocator*)0);
-    if (half.empty())
-        return false; // keeps fp32
-    for (int q = 0; q < AT.c; q++)
-    {
-        for (int z = 0; z < AT.d; z++)
-        {
-            const Mat src = AT.channel(q).depth(z);
-            Mat dst = half.channel(q).depth(z);
-            for (int y = 0; y < AT.h; y++)
-            {
-                unsigned short* row = dst.row<unsigned short>(y);
-                ep_wf16_narrow(src.row(y), row, (size_t)AT.w, scale);
-                memcpy(row + AT.w, &unscale, sizeof(float));
-            }
-        }
-    }
-    AT = half;
+    AT = g;
     return true;
 #else
+    (void)kernel;
     (void)AT;
-    (void)M;
-    (void)K;
+    (void)inch;
+    (void)outch;
     (void)opt;
     return false;
 #endif
 }
 
-// floats of one thread's widening buffer for tiles of TILE_K and B batches (0: the kernel is fp32)
+#if EP_WF16
+// One row of ncnn's F(m,3) kernel transform (conv3x3s1_winograd{23,43,63}_transform_kernel_tile, T = m + 2
+// values), expression for expression
+template<int T>
+static inline void ep_wk_row(float r0, float r1, float r2, float* z)
+{
+    if (T == 4)
+    {
+        z[0] = r0;
+        z[1] = r0 * 0.5f + r1 * 0.5f + r2 * 0.5f;
+        z[2] = r0 * 0.5f - r1 * 0.5f + r2 * 0.5f;
+        z[3] = r2;
+    }
+    else if (T == 6)
+    {
+        const float sq2 = 1.41421356237f;
+        const float ktm0 = 2.0f / 3;
+        const float ktm1 = sq2 / 3;
+        const float ktm2 = 1.0f / 3;
+        const float ktm3 = 1.0f / 6;
+        const float ktm4 = sq2 / 6;
+        z[0] = r0;
+        z[1] = -r0 * ktm0 - r1 * ktm1 - r2 * ktm2;
+        z[2] = -r0 * ktm0 + r1 * ktm1 - r2 * ktm2;
+        z[3] = r0 * ktm3 + r1 * ktm4 + r2 * ktm2;
+        z[4] = r0 * ktm3 - r1 * ktm4 + r2 * ktm2;
+        z[5] = r2;
+    }
+    else
+    {
+        const float ktm0 = 2.0f / 9;
+        const float ktm1 = 1.0f / 45;
+        const float ktm2 = 2.0f / 45;
+        const float ktm3 = 1.0f / 90;
+        const float ktm4 = 1.0f / 180;
+        z[0] = r0;
+        z[1] = -r0 * ktm0 - r1 * ktm0 - r2 * ktm0;
+        z[2] = -r0 * ktm0 + r1 * ktm0 - r2 * ktm0;
+        z[3] = r0 * ktm3 + r1 * ktm1 + r2 * ktm2;
+        z[4] = r0 * ktm3 - r1 * ktm1 + r2 * ktm2;
+        z[5] = r0 * ktm1 + r1 * ktm3 + r2 * ktm4;
+        z[6] = r0 * ktm1 - r1 * ktm3 + r2 * ktm4;
+        z[7] = r2;
+    }
+}
+
+// One panel of P rows of an fp16 3x3 kernel (ep_winograd_kernel_fp16's layout, max_kk input channels) through
+// F(T-2,3)'s kernel transform into pack_A_tile's layout: batch b's values for input channel kk at
+// dst + b * bstride + kk * P. Each step vectorises across the panel's rows.
+template<int P, int T>
+static void ep_wk_panel(const unsigned short* g, int max_kk, float* dst, int bstride)
+{
+    float w[9 * P];
+    float tmp[T][3][P];
+    for (int kk = 0; kk < max_kk; kk++)
+    {
+        ep_wf16_widen(g + (size_t)kk * 9 * P, w, 9 * P);
+        for (int m = 0; m < 3; m++)
+        {
+            for (int r = 0; r < P; r++)
+            {
+                float z[T];
+                ep_wk_row<T>(w[(m * 3) * P + r], w[(m * 3 + 1) * P + r], w[(m * 3 + 2) * P + r], z);
+                for (int t = 0; t < T; t++)
+                    tmp[t][m][r] = z[t];
+            }
+        }
+        for (int m = 0; m < T; m++)
+        {
+            float* o = dst + (size_t)(m * T) * bstride + (size_t)kk * P;
+            for (int r = 0; r < P; r++)
+            {
+                float z[T];
+                ep_wk_row<T>(tmp[m][0][r], tmp[m][1][r], tmp[m][2][r], z);
+                for (int t = 0; t < T; t++)
+                    o[t * bstride + r] = z[t];
+            }
+        }
+    }
+}
+
+// ep_wk_panel for a panel of P rows, with T from the batch count (16, 36 or 64)
+template<int T>
+static void ep_wk_panel_rows(int P, const unsigned short* g, int max_kk, float* dst, int bstride)
+{
+    if (P == 16)
+        ep_wk_panel<16, T>(g, max_kk, dst, bstride);
+    else if (P == 8)
+        ep_wk_panel<8, T>(g, max_kk, dst, bstride);
+    else if (P == 4)
+        ep_wk_panel<4, T>(g, max_kk, dst, bstride);
+    else if (P == 2)
+        ep_wk_panel<2, T>(g, max_kk, dst, bstride);
+    else
+        ep_wk_panel<1, T>(g, max_kk, dst, bstride);
+}
+#endif
+
+// floats of one thread's transform buffer for tiles of TILE_K and B batches (0: the kernel is fp32)
 static size_t ep_wf16_buffer_floats(const Mat& AT, int TILE_K, int B)
 {
 #if EP_WF16
@@ -171,23 +275,31 @@ static size_t ep_wf16_buffer_floats(const Mat& AT, int TILE_K, int B)
     return 0;
 }
 
-// gemm_transB_packed_tile for an fp32 or fp16 kernel tile: fp16 tiles are widened EP_WF16_ROWS rows at a
-// time into `wide` (ep_wf16_buffer_floats) and the tile kernel runs on each run of rows as on a tile of its own
+// gemm_transB_packed_tile for an fp32 kernel tile or fp16 3x3 weights: these are transformed EP_WF16_ROWS rows at
+// a time into `wide` (ep_wf16_buffer_floats) and the tile kernel runs on each run of rows as on a tile of its own
 static void ep_winograd_gemm(const Mat& AT_tile, const Mat& BT_tile, Mat& top_tile, int batch, int max_ii, int max_jj, int k, int max_kk, Mat& wide)
 {
 #if EP_WF16
-    if (AT_tile.elemsize == 2u)
+    if (AT_tile.elemsize == 2u) // ep_winograd_kernel_fp16's 3x3 weights
     {
-        const unsigned short* at = (const unsigned short*)AT_tile.data;
-        float unscale;
-        memcpy(&unscale, at + AT_tile.w - 2, sizeof(float));
+        const unsigned short* g = (const unsigned short*)AT_tile.data;
         for (int ii0 = 0; ii0 < max_ii; ii0 += EP_WF16_ROWS)
         {
             const int rows = std::min(EP_WF16_ROWS, max_ii - ii0);
-            const int len = rows * max_kk;
-            const int stride = (len + 15) / 16 * 16; // every batch row 64-byte aligned, as in the fp32 tile
-            for (int b = 0; b < batch; b++)
-                ep_wf16_widen(at + (size_t)AT_tile.w * b + (size_t)max_kk * ii0, (float*)wide.data + (size_t)stride * b, len, unscale);
+            const int stride = (rows * max_kk + 15) / 16 * 16; // every batch row 64-byte aligned, as in the fp32 tile
+            for (int ii = ii0; ii < ii0 + rows;)
+            {
+                const int P = ep_wk_panel(max_ii - ii);
+                const unsigned short* gp = g + (size_t)ii * max_kk * 9;
+                float* dp = (float*)wide.data + (size_t)(ii - ii0) * max_kk;
+                if (batch == 16)
+                    ep_wk_panel_rows<4>(P, gp, max_kk, dp, stride);
+                else if (batch == 36)
+                    ep_wk_panel_rows<6>(P, gp, max_kk, dp, stride);
+                else
+                    ep_wk_panel_rows<8>(P, gp, max_kk, dp, stride);
+                ii += P;
+            }
             Mat at_rows(stride, batch, wide.data, 4u);
             Mat top_rows(batch * max_jj * rows, (float*)top_tile.data + (size_t)ii0 * batch * max_jj, 4u);
             gemm_transB_packed_tile(at_rows, BT_tile, top_rows, batch, rows, max_jj, k, max_kk);
@@ -208,7 +320,7 @@ _TOP_OLD = """    Mat top_tileX(TILE_N * B * TILE_M, 1, nT, 4u, opt.workspace_al
         return -100;
 """
 _TOP_NEW = _TOP_OLD + """
-    // edgepack (winograd_fp16_patch.py): each thread's buffer for widening an fp16 kernel
+    // edgepack (winograd_fp16_patch.py): each thread's buffer for transforming fp16 3x3 weights
     const size_t ep_wide_floats = ep_wf16_buffer_floats(AT, TILE_K, B);
     Mat ep_wideX;
     if (ep_wide_floats)
@@ -242,9 +354,12 @@ _PIPELINE_NEW = """            else
             }
         }
 
-        // edgepack (winograd_fp16_patch.py): F(4,3) kernels in fp16 where the net stores fp16
-        if (ep_winograd_kernel_fp16(weight_winograd43_data, num_output, num_input, opt) && getenv("EDGEPACK_NCNN_TRACE"))
-            NCNN_LOGE("edgepack winograd: %d -> %d 3x3, F(4,3) kernel in fp16", num_input, num_output);
+        // edgepack (winograd_fp16_patch.py): Winograd kernels as fp16 3x3 weights where the net stores fp16
+        const int ep_m = ep_winograd_kernel_fp16(weight_data, weight_winograd23_data, num_input, num_output, opt) ? 2
+                         : ep_winograd_kernel_fp16(weight_data, weight_winograd43_data, num_input, num_output, opt) ? 4
+                         : ep_winograd_kernel_fp16(weight_data, weight_winograd63_data, num_input, num_output, opt) ? 6 : 0;
+        if (ep_m && getenv("EDGEPACK_NCNN_TRACE"))
+            NCNN_LOGE("edgepack winograd: %d -> %d 3x3, F(%d,3) kernel as fp16 3x3 weights", num_input, num_output, ep_m);
 
         if (opt.lightmode)
             weight_data.release();
