@@ -15,6 +15,10 @@ body of gemm_BT_x86 is untouched: a local lambda named like ncnn's tile kernel h
 Version 1 widened whole tiles, in `--memory lean` only: one more pass over B through memory, and the
 20 x 1024 x 8210 Gemm alone ran 3.28 -> 3.61 ms on 1 thread and 2.24 -> 3.01 on 2. Other Gemm paths (A constant
 too, bf16, int8, Arm) keep fp32 tiles. x86 builds only, after int8_gemv_patch.py.
+
+Version 3: while create_pipeline packs an fp16 B in light mode (the engine's), it packs one tile column of B at
+a time and hands the pages of the rows it has packed back to the system (madvise), instead of holding all of
+B beside all of its packed copy until the end: ddddocr_crnn's load peaked at both, 2 x 16.8 MB.
 """
 from __future__ import annotations
 
@@ -22,12 +26,17 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-GEMM_FP16_B_PATCH_VERSION = 2  # part of the x86 libncnn cache key (library.py); 2: every fp16-rung net, by runs of columns
+GEMM_FP16_B_PATCH_VERSION = 3  # part of the x86 libncnn cache key (library.py); 2: every fp16-rung net, by runs of columns; 3: B's pages released as packed
 
 _SIG_OLD = ("static int gemm_BT_x86(const Mat& A, const Mat& BT, const Mat& C, Mat& top_blob, int broadcast_type_C, "
             "int N, int K, int transA, int output_transpose, int constant_TILE_M, int constant_TILE_N, "
             "int constant_TILE_K, int nT, const Option& opt)\n{\n")
 _SIG_NEW = r'''// ---- edgepack (gemm_fp16_b_patch.py) ----
+#include <stdint.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 namespace {
 
 // n values of an fp32 tile into an fp16 one (exact: they are fp16 values widened)
@@ -82,6 +91,33 @@ static void ep_gemm_b_tile(const Mat& wide, const Mat& AT_tile, const Mat& BT_ti
     }
 }
 
+// create_pipeline, light mode: the whole pages of B's first `rows` rows (N x K, fp16) go back to the system once
+// every tile that reads them is packed, so B and its packed copy are never both whole in memory: ddddocr_crnn's
+// 8210-class classifier is 16.8 MB of each. Only a B this layer alone owns, from the heap (a shared or borrowed
+// one is left as it is); `done` is the address freed up to. The pages at either end, which the allocation may
+// share, stay. madvise failing only leaves the pages where they were, as B_data.release() frees them anyway.
+static void ep_release_b_rows(const Mat& B, int K, int rows, uintptr_t& done)
+{
+#if defined(__linux__)
+    if (!B.refcount || *B.refcount != 1 || B.allocator)
+        return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t base = (uintptr_t)B.data;
+    const uintptr_t start = std::max(done, (base + page - 1) / page * page);
+    const uintptr_t end = (base + (uintptr_t)rows * K * B.elemsize) / page * page;
+    if (end > start)
+    {
+        madvise((void*)start, end - start, MADV_DONTNEED);
+        done = end;
+    }
+#else
+    (void)B;
+    (void)K;
+    (void)rows;
+    (void)done;
+#endif
+}
+
 } // namespace
 
 ''' + _SIG_OLD + r'''    Mat ep_wide; // edgepack (gemm_fp16_b_patch.py): each thread's fp32 tile of B, when B is kept in fp16
@@ -110,12 +146,53 @@ _CREATE_NEW = """        // edgepack (gemm_fp16_b_patch.py): where the net store
         Mat ep_tile32; // one fp32 tile a thread, packed there first
         if (ep_b16)
         {
-            // the tail of a partial tile is widened too, never read (Mat::fill writes 4-byte words)
-            memset(BT_data.data, 0, BT_data.total() * BT_data.elemsize);
             ep_tile32.create(TILE_K * TILE_N, 1, opt.num_threads, 4u, (Allocator*)0);
             if (ep_tile32.empty())
                 return -100;
         }
+"""
+
+# the packing loop: where B's pages are released as it goes, one tile column of B at a time, its K tiles in parallel
+_LOOP_HEAD = """            if (ep_tile32.empty())
+                return -100;
+        }
+
+        const int nn_NK = nn_N * nn_K;
+        #pragma omp parallel for num_threads(opt.num_threads)
+        for (int ppjk = 0; ppjk < nn_NK; ppjk++)
+        {
+"""
+_LOOP_HEAD_NEW = """            if (ep_tile32.empty())
+                return -100;
+        }
+
+        const int nn_NK = nn_N * nn_K;
+        // edgepack (gemm_fp16_b_patch.py): B's rows released as they are packed (ep_release_b_rows)
+        const bool ep_release = opt.lightmode && B_data.elemsize == 2u;
+        uintptr_t ep_done = 0;
+        for (int ep_lo = 0; ep_lo < nn_NK; ep_lo += ep_release ? nn_K : nn_NK)
+        {
+        const int ep_hi = ep_release ? ep_lo + nn_K : nn_NK;
+        #pragma omp parallel for num_threads(opt.num_threads)
+        for (int ppjk = ep_lo; ppjk < ep_hi; ppjk++)
+        {
+"""
+_LOOP_TAIL = """                transpose_pack_B_tile(B_data, BT_tile, j, max_jj, k, max_kk);
+            }
+        }
+
+        if (opt.lightmode)
+            B_data.release();
+"""
+_LOOP_TAIL_NEW = """                transpose_pack_B_tile(B_data, BT_tile, j, max_jj, k, max_kk);
+            }
+        }
+        if (ep_release)
+            ep_release_b_rows(B_data, K, std::min(N, (ep_lo / nn_K + 1) * TILE_N), ep_done);
+        }
+
+        if (opt.lightmode)
+            B_data.release();
 """
 
 _PACK_OLD = """                ep_widen_fp16_block(B_data, K, j, max_jj, k, max_kk, block);
@@ -128,6 +205,9 @@ _PACK_NEW = """                ep_widen_fp16_block(B_data, K, j, max_jj, k, max_
                     Mat tile32 = ep_tile32.channel(get_omp_thread_num());
                     pack_B_tile(block, tile32, 0, max_jj, 0, max_kk);
                     ep_narrow_tile(tile32, BT_tile, max_jj * max_kk);
+                    // the tail of a partial tile is widened too, never read: zeroed here, as the tile is written
+                    // (zeroing all of BT first would make it resident beside the whole of B)
+                    memset((unsigned short*)BT_tile.data + max_jj * max_kk, 0, (size_t)(BT_tile.w - max_jj * max_kk) * 2u);
                 }
                 else
                 {
@@ -140,6 +220,8 @@ _FILE_EDITS = (
         ("gemm_BT_x86's signature", _SIG_OLD, _SIG_NEW, 1),
         ("create_pipeline's packed B", _CREATE_OLD, _CREATE_NEW, 1),
         ("the fp16 B's packing (after fp16_weights_patch.py)", _PACK_OLD, _PACK_NEW, 1),
+        ("the packing loop's head", _LOOP_HEAD, _LOOP_HEAD_NEW, 1),
+        ("the packing loop's end", _LOOP_TAIL, _LOOP_TAIL_NEW, 1),
     )),
 )
 
