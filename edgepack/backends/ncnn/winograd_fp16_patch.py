@@ -90,7 +90,7 @@ _HELPERS = F16C_HELPERS + r'''// ---- edgepack (winograd_fp16_patch.py) ----
 #define EP_WINOGRAD_FP16_DEFINED
 
 // Rows of the panel pack_A_tile starts with `left` rows of a tile still to pack: this build's widest first
-static inline int ep_wk_panel(int left)
+static inline int ep_wk_panel_width(int left)
 {
 #if __AVX512F__
     if (left >= 16)
@@ -137,7 +137,7 @@ static bool ep_winograd_kernel_fp16(const Mat& kernel, Mat& AT, int inch, int ou
             unsigned short* d = (unsigned short*)g.channel(i / TILE_M).depth(k / TILE_K).data;
             for (int ii = 0; ii < max_ii;)
             {
-                const int P = ep_wk_panel(max_ii - ii);
+                const int P = ep_wk_panel_width(max_ii - ii);
                 for (int kk = 0; kk < max_kk; kk++)
                 {
                     const float* k0 = (const float*)kernel + (size_t)(i + ii) * inch * 9 + (size_t)(k + kk) * 9;
@@ -289,7 +289,7 @@ static void ep_winograd_gemm(const Mat& AT_tile, const Mat& BT_tile, Mat& top_ti
             const int stride = (rows * max_kk + 15) / 16 * 16; // every batch row 64-byte aligned, as in the fp32 tile
             for (int ii = ii0; ii < ii0 + rows;)
             {
-                const int P = ep_wk_panel(max_ii - ii);
+                const int P = ep_wk_panel_width(max_ii - ii);
                 const unsigned short* gp = g + (size_t)ii * max_kk * 9;
                 float* dp = (float*)wide.data + (size_t)(ii - ii0) * max_kk;
                 if (batch == 16)
