@@ -15,7 +15,6 @@ the bytes held. A stack of 1024 -> 1024 1x1 convolutions (more input channels th
 does the same for im2col + GEMM against the fp32 build."""
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import onnx
@@ -23,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from clirun import host_cpu_flags, run_artifact_on
 from test_memory import conv_relu_stack, resident_after_run
-from test_ncnn_winograd_fp16 import build_x86_ncnn, f16c_cpus, fp16_rung_reference
+from test_ncnn_winograd_fp16 import build_x86_ncnn, f16c_cpus, fp16_rung_reference, runs_with_and_without_fp16
 
 H, W = 24, 20
 LAYERS = [(64, 36, 1, 1), (36, 2052, 3, 2), (2052, 40, 3, 2)]  # (in, out, kernel, stride)
@@ -54,19 +53,11 @@ def _model(path):
 def test_fp16_gemm_conv_kernels_give_the_fp32_kernels_bits_on_every_x86_cpu(tmp_path):
     model = _model(tmp_path / "gcf16.onnx")
     res, want, scale = fp16_rung_reference(model, tmp_path, 5, (1, LAYERS[0][0], H, W))
+    every = sorted((str(i), str(o), str(k)) for i, o, k, _ in LAYERS)
     for cpu, fp16 in f16c_cpus().items():
-        got = {}
-        for switch in ("", "fp16=0"):
-            for threads in (1, 2):
-                run_on = cpu + ("," if " " in cpu else " ") + switch if switch else cpu
-                outs, log = run_artifact_on(res["file"], run_on, {"x": tmp_path / "x.npy"},
-                                            tmp_path / f"{cpu}-{switch}-{threads}", ("y",), threads,
-                                            env={"EDGEPACK_NCNN_TRACE": "1"})
-                got[switch, threads] = outs["y"].reshape(want.shape)
-                traced = re.findall(r"edgepack gemm conv: (\d+) -> (\d+) (\d)x\d, kernel in fp16", log)
-                # every layer says so where the kernels are fp16, none where they are not
-                expect = sorted((str(i), str(o), str(k)) for i, o, k, _ in LAYERS) if fp16 and not switch else []
-                assert sorted(traced) == expect, (run_on, traced, log[-1500:])
+        got = runs_with_and_without_fp16(res["file"], cpu, tmp_path, want.shape,
+                                         r"edgepack gemm conv: (\d+) -> (\d+) (\d)x\d, kernel in fp16",
+                                         every if fp16 else [])
         for key, out in got.items():
             np.testing.assert_array_equal(out, got["fp16=0", 1], err_msg=f"{cpu} {key}")
         # and onnxruntime's answer, but for the order of 18468-term sums

@@ -82,24 +82,32 @@ def fp16_rung_reference(model, tmp_path, seed: int, shape: tuple) -> tuple[dict,
     return res, want, scale
 
 
+def runs_with_and_without_fp16(artifact, cpu: str, tmp_path, shape, trace: str, expect: list) -> dict:
+    """The artifact's output y (reshaped to `shape`) on `cpu` at 1 and 2 threads, as built ("") and with
+    `EDGEPACK_NCNN_OPTIONS=fp16=0` (fp32 kernels), keyed (switch, threads). As built, the EDGEPACK_NCNN_TRACE
+    lines matching `trace` must be `expect` (sorted tuples of its groups: every layer that says so where the
+    kernels are fp16); under fp16=0 there must be none."""
+    got = {}
+    for switch in ("", "fp16=0"):
+        for threads in (1, 2):
+            run_on = cpu + ("," if " " in cpu else " ") + switch if switch else cpu
+            outs, log = run_artifact_on(artifact, run_on, {"x": tmp_path / "x.npy"},
+                                        tmp_path / f"{cpu}-{switch}-{threads}", ("y",), threads,
+                                        env={"EDGEPACK_NCNN_TRACE": "1"})
+            got[switch, threads] = outs["y"].reshape(shape)
+            traced = sorted(re.findall(trace, log))
+            assert traced == (expect if not switch else []), (run_on, traced, log[-1500:])
+    return got
+
+
 def test_fp16_winograd_kernels_give_the_fp32_kernels_results_on_every_x86_cpu(tmp_path):
     model = _model(tmp_path / "wf16.onnx")
     res, want, scale = fp16_rung_reference(model, tmp_path, 4, (1, LAYERS[0][0], H, W))
+    every = sorted((str(i), str(o), "4" if max(i, o) > 32 else "6") for i, o in LAYERS)
     for cpu, fp16 in f16c_cpus().items():
-        got = {}
-        for switch in ("", "fp16=0"):
-            for threads in (1, 2):
-                run_on = cpu + ("," if " " in cpu else " ") + switch if switch else cpu
-                outs, log = run_artifact_on(res["file"], run_on, {"x": tmp_path / "x.npy"},
-                                            tmp_path / f"{cpu}-{switch}-{threads}", ("y",), threads,
-                                            env={"EDGEPACK_NCNN_TRACE": "1"})
-                got[switch, threads] = outs["y"].reshape(want.shape)
-                traced = re.findall(r"edgepack winograd: (\d+) -> (\d+) 3x3, F\((\d),3\) kernel as fp16 3x3 weights",
-                                    log)
-                # every layer says so where the kernels are fp16, none where they are not
-                expect = (sorted((str(i), str(o), "4" if max(i, o) > 32 else "6") for i, o in LAYERS)
-                          if fp16 and not switch else [])
-                assert sorted(traced) == expect, (run_on, traced, log[-1500:])
+        got = runs_with_and_without_fp16(res["file"], cpu, tmp_path, want.shape,
+                                         r"edgepack winograd: (\d+) -> (\d+) 3x3, F\((\d),3\) kernel as fp16 3x3 weights",
+                                         every if fp16 else [])
         for key, out in got.items():
             assert float(np.abs(out - got["fp16=0", 1]).max()) <= 2e-5 * scale, (cpu, key)
         # and onnxruntime's answer but for Winograd's rounding in 9360-term sums (measured: 2.3e-4 of scale)
