@@ -191,14 +191,21 @@ def test_memory_lean_keeps_exact_fp16_weights_at_half_the_bytes(tmp_path):
     assert lean_peak <= fast_peak
 
 
-def resident_after_run(artifact: str, switches: str = "") -> int:
-    """VmRSS in bytes after one run, from the engine's EDGEPACK_NCNN_TRACE line (with EDGEPACK_NCNN_OPTIONS)."""
+def memory_trace(artifact: str, switches: str = "") -> dict[str, tuple[int, int]]:
+    """(VmRSS, VmHWM) in bytes once loaded ("loaded") and after one run ("ran"), from the engine's
+    EDGEPACK_NCNN_TRACE lines (with EDGEPACK_NCNN_OPTIONS), 1 thread."""
     env = {**os.environ, "EDGEPACK_NCNN_TRACE": "1", "EDGEPACK_NCNN_OPTIONS": switches}
     proc = subprocess.run([artifact, "bench", "--runs", "1", "--warmup", "0", "--threads", "1"], capture_output=True,
                           text=True, timeout=300, check=True, env=env)
-    found = re.findall(r"ncnn-trace: ran VmRSS=(\d+) kB", proc.stderr)
-    assert found, proc.stderr[-2000:]
-    return int(found[-1]) * 1024
+    found = {stage: (int(rss) * 1024, int(hwm) * 1024) for stage, rss, hwm in
+             re.findall(r"ncnn-trace: (loaded|ran) VmRSS=(\d+) kB VmHWM=(\d+) kB", proc.stderr)}
+    assert set(found) == {"loaded", "ran"}, proc.stderr[-2000:]
+    return found
+
+
+def resident_after_run(artifact: str, switches: str = "") -> int:
+    """VmRSS in bytes after one run (memory_trace)."""
+    return memory_trace(artifact, switches)["ran"][0]
 
 
 GEMM_ROWS, GEMM_K, GEMM_N = 20, 1024, 4096  # a CRNN-like classifier: 4M weights, 16 MiB packed as fp32
@@ -248,10 +255,7 @@ def test_the_fp16_rung_keeps_a_classifiers_packed_weights_in_fp16(tmp_path):
             assert held[""] < held["fp16=0"] - 0.75 * GEMM_N * GEMM_K * 2, {k: v / 2**20 for k, v in held.items()}
             # version 3: B's pages go back as its tile columns are packed, so loading peaks at little more than
             # the packed copy (version 2: the whole fp16 B beside it, 8 MiB more)
-            env = {**os.environ, "EDGEPACK_NCNN_TRACE": "1"}
-            proc = subprocess.run([res["file"], "bench", "--runs", "1", "--warmup", "0", "--threads", "1"],
-                                  capture_output=True, text=True, timeout=300, check=True, env=env)
-            rss, hwm = map(int, re.findall(r"ncnn-trace: loaded VmRSS=(\d+) kB VmHWM=(\d+) kB", proc.stderr)[0])
+            rss, hwm = memory_trace(res["file"])["loaded"]
             b = GEMM_N * GEMM_K * 2
-            assert rss * 1024 > b, proc.stderr[-2000:]  # the packed B is resident
-            assert (hwm - rss) * 1024 < 0.25 * b, (rss, hwm)
+            assert rss > b, (rss, hwm)  # the packed B is resident
+            assert hwm - rss < 0.25 * b, (rss, hwm)

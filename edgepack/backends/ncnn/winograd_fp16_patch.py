@@ -11,9 +11,10 @@ it kept fp32).
 
 Here, where the net stores in fp16 (`use_fp16_storage`: the build's fp16 rung; the fp32 rung and the switch
 `EDGEPACK_NCNN_OPTIONS=fp16=0` turn it off), the CPU has F16C and every weight of the layer is an fp16 value
-(fp16 weights widened by the loader always are; so are the small integers of integer-sum layers),
-create_pipeline keeps the layer's 3x3 weights in fp16 instead of its transformed kernel, in whichever variant
-ncnn chose. The convolution transforms EP_WF16_ROWS rows (a pair of panels) of a kernel tile at a time into a
+(fp16 weights widened by the loader always are; so are the small integers of integer-sum layers), the
+kernel transform ncnn chose (F(2,3), F(4,3) or F(6,3)) keeps the layer's 3x3 weights in fp16 instead of making
+its fp32 kernel. (Version 3 made the fp32 kernel and then replaced it: a load transient of 36/9 of a layer's
+fp32 weights, 11 MB on ddddocr_crnn, where freed blocks stayed resident until the first run.) The convolution transforms EP_WF16_ROWS rows (a pair of panels) of a kernel tile at a time into a
 per-thread buffer, straight into pack_A_tile's layout, with ncnn's own transform arithmetic on the same
 values, and runs ncnn's tile kernel on each run of rows as on a tile of its own: its packing puts each run of
 rows in one stretch of every batch row, and its output for those rows in one stretch of the output tile. So
@@ -32,9 +33,11 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-WINOGRAD_FP16_PATCH_VERSION = 3  # 2: the F16C conversions in their own block (F16C_HELPERS); 3: fp16 3x3 weights, transformed per tile, every variant
+WINOGRAD_FP16_PATCH_VERSION = 4  # 2: the F16C conversions in their own block (F16C_HELPERS); 3: fp16 3x3 weights, transformed per tile,
+#                                  every variant; 4: made instead of the fp32 kernel, not after it
 
-_HELPERS_ANCHOR = "static int conv3x3s1_winograd23(const Mat& bottom_blob, Mat& top_blob, const Mat& AT, const Mat& bias, int nT, const Option& opt)\n{"
+# before the first kernel transform (F(2,3)'s): the helpers need only get_optimal_tile_mnk and gemm_transB_packed_tile
+_HELPERS_ANCHOR = "static inline void conv3x3s1_winograd23_transform_kernel_tile(const Mat& kernel, Mat& A, int inch, int i, int max_ii, int k, int max_kk)\n{"
 # F16C conversions, shared with gemm_conv_fp16_patch.py: each header that needs them carries this block, and
 # its guard keeps one copy per translation unit (convolution_x86.cpp includes the Winograd header first,
 # convolution_x86_fma.cpp the im2col one)
@@ -107,24 +110,25 @@ static inline int ep_wk_panel_width(int left)
     return left >= 2 ? 2 : 1;
 }
 
-// create_pipeline: where the net stores fp16, the CPU has F16C and every weight is an fp16 value, a Winograd
-// kernel AT (from conv3x3s1_winograd{23,43,63}_transform_kernel) is replaced by the layer's 3x3 weights in fp16,
-// tiled as AT is: tile (i, k) is AT.channel(i / TILE_M).depth(k / TILE_K), its rows in pack_A_tile's panels, and
-// in a panel of P rows, for each input channel, the 9 taps of the P rows (tap-major). ep_wk_panel transforms
-// them back as the convolution goes. Whether it was replaced (not where AT is empty: another variant's).
+// conv3x3s1_winograd{23,43,63}_transform_kernel, first: where the net stores fp16 (not bf16), the CPU has F16C
+// and every weight is an fp16 value, AT becomes the layer's 3x3 weights in fp16 instead of the transformed fp32
+// kernel, which is then never made (its 16/9, 36/9 or 64/9 times the fp32 weights were a transient of every
+// load). Tiled as the transform tiles AT: tile (i, k) is AT.channel(i / TILE_M).depth(k / TILE_K), its rows in
+// pack_A_tile's panels, and in a panel of P rows, for each input channel, the 9 taps of the P rows (tap-major).
+// ep_wk_panel transforms them as the convolution goes. Whether AT was made (if not, the fp32 transform runs).
 static bool ep_winograd_kernel_fp16(const Mat& kernel, Mat& AT, int inch, int outch, const Option& opt)
 {
 #if EP_WF16
-    if (AT.empty() || AT.elemsize != 4u || kernel.empty() || !opt.use_fp16_storage || !cpu_support_x86_f16c())
+    if (kernel.empty() || kernel.elemsize != 4u || !opt.use_fp16_storage || opt.use_bf16_storage || !cpu_support_x86_f16c())
         return false;
     const int M = outch;
     const int K = inch;
     int TILE_M, TILE_N, TILE_K;
-    get_optimal_tile_mnk(M, 0, K, TILE_M, TILE_N, TILE_K, opt.num_threads); // as the transform tiled it
-    if ((M + TILE_M - 1) / TILE_M != AT.c || (K + TILE_K - 1) / TILE_K != AT.d)
-        return false; // not the tiling this reads: keep fp32
+    get_optimal_tile_mnk(M, 0, K, TILE_M, TILE_N, TILE_K, opt.num_threads); // as the transform tiles it
+    const int nn_M = (M + TILE_M - 1) / TILE_M;
+    const int nn_K = (K + TILE_K - 1) / TILE_K;
     Mat g;
-    g.create(TILE_M * TILE_K * 9, 1, AT.d, AT.c, 2u, (Allocator*)0);
+    g.create(TILE_M * TILE_K * 9, 1, nn_K, nn_M, 2u, (Allocator*)0);
     if (g.empty())
         return false;
     float taps[9 * 16];
@@ -354,10 +358,10 @@ _PIPELINE_NEW = """            else
             }
         }
 
-        // edgepack (winograd_fp16_patch.py): Winograd kernels as fp16 3x3 weights where the net stores fp16
-        const int ep_m = ep_winograd_kernel_fp16(weight_data, weight_winograd23_data, num_input, num_output, opt) ? 2
-                         : ep_winograd_kernel_fp16(weight_data, weight_winograd43_data, num_input, num_output, opt) ? 4
-                         : ep_winograd_kernel_fp16(weight_data, weight_winograd63_data, num_input, num_output, opt) ? 6 : 0;
+        // edgepack (winograd_fp16_patch.py): which kernel the transform made as fp16 3x3 weights
+        const int ep_m = weight_winograd23_data.elemsize == 2u ? 2
+                         : weight_winograd43_data.elemsize == 2u ? 4
+                         : weight_winograd63_data.elemsize == 2u ? 6 : 0;
         if (ep_m && getenv("EDGEPACK_NCNN_TRACE"))
             NCNN_LOGE("edgepack winograd: %d -> %d 3x3, F(%d,3) kernel as fp16 3x3 weights", num_input, num_output, ep_m);
 
@@ -375,9 +379,20 @@ _INCLUDE_NEW = _INCLUDE_OLD + """
 #endif
 """
 
+
+def _transform_kernel_edit(m: int) -> tuple:
+    """The F(m,3) kernel transform makes the fp16 3x3 form where it can, and only otherwise its fp32 kernel."""
+    head = (f"static void conv3x3s1_winograd{m}3_transform_kernel(const Mat& kernel, Mat& AT, int inch, int outch, "
+            "const Option& opt)\n{\n")
+    return (f"F({m},3)'s kernel transform", head,
+            head + "    if (ep_winograd_kernel_fp16(kernel, AT, inch, outch, opt)) // edgepack (winograd_fp16_patch.py)\n"
+                   "        return;\n\n", 1)
+
+
 _FILE_EDITS = (
     ("src/layer/x86/convolution_3x3_winograd.h", (
-        ("the fp16 kernel helpers, before F(2,3)'s convolution", _HELPERS_ANCHOR, _HELPERS + _HELPERS_ANCHOR, 1),
+        ("the fp16 kernel helpers, before F(2,3)'s kernel transform", _HELPERS_ANCHOR, _HELPERS + _HELPERS_ANCHOR, 1),
+        *(_transform_kernel_edit(m) for m in (2, 4, 6)),
         ("the output tiles' allocation (F(2,3), F(4,3), F(6,3))", _TOP_OLD, _TOP_NEW, 3),
         ("each thread's output tile", _TILE_OLD, _TILE_NEW, 3),
         ("the tile products", _GEMM_OLD, _GEMM_NEW, 3),
