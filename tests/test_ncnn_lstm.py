@@ -3,7 +3,8 @@ every step are computed before the recurrence; W_hc and W_xc in fp16 under fp16 
 artifact may meet: AVX-512 (native here), AVX2+FMA (Haswell) and SSE only (Nehalem) each run a
 different copy of the patched code. The shapes reach every branch of the patch: an odd hidden size
 (the 4-lane unit left over after the 8-lane pairs), a sequence of 7 (one block of 4 steps and a tail
-of 3), both directions, and an input width that is not a multiple of 4."""
+of 3), both directions, and an input width that is not a multiple of 4. A CRNN-sized LSTM shows the load's
+memory: its weights are packed straight into fp16 (lstm_patch.py version 4)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from clirun import host_cpu_flags
 from conftest import run_edgepack
+from test_memory import memory_trace
 from edgepack.runner import command_for_cpu
 
 CPUS = ["native", "Haswell-noTSX", "Nehalem"]
@@ -97,6 +100,40 @@ def test_patched_lstm_matches_onnxruntime_on_every_x86_cpu(lstm_model, tmp_path)
     for cpu in CPUS:
         got = _run(fp16, cpu, tmp_path / "x.npy", tmp_path / f"default-{cpu}")
         assert float(np.abs(got - want).max()) <= 2e-3 * scale, cpu
+
+
+def test_loading_packs_the_lstm_weights_straight_into_fp16(tmp_path):
+    """ddddocr_crnn-like: 2 directions x 4 gates x 384 units over 384 inputs, W and R 9.4 MB in fp32. At the fp16
+    rung the load now holds the fp32 weights the loader widened while it packs them, a row at a time, into fp16,
+    and then lets them go: VmHWM at load stands about their size over what stays. Version 3 also held their
+    whole fp32 packed copy and part of the fp16 one: 1.75 times their size."""
+    import torch
+    size = 384
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(size, size, batch_first=True, bidirectional=True)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    torch.manual_seed(11)
+    net = Net().eval()
+    with torch.no_grad():  # fp16 values, as an fp16-storage build stores them
+        for p in net.parameters():
+            p.copy_(p.half().float())
+    model = tmp_path / "crnn_lstm.onnx"
+    torch.onnx.export(net, (torch.randn(1, 20, size),), str(model), input_names=["x"], output_names=["y"],
+                      opset_version=17, dynamo=False)
+    art, backend = _build(model, tmp_path / "out")
+    assert backend["precision"] == "fp16-storage", backend
+    fp32_weights = 2 * 2 * 4 * size * size * 4  # W and R, both directions, fp32
+    rss, hwm = memory_trace(str(art))["loaded"]
+    assert rss > fp32_weights / 2, (rss, hwm)  # the fp16 packed weights are resident
+    if not {"f16c", "fma"} <= host_cpu_flags():
+        return  # fp32 packed weights: ncnn's own load
+    assert hwm - rss < 1.25 * fp32_weights, (rss, hwm, fp32_weights)
 
 
 def test_lstm_patch_is_in_the_x86_library_only(monkeypatch):

@@ -26,8 +26,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
+from .winograd_fp16_patch import F16C_HELPERS
 
-LSTM_PATCH_VERSION = 3  # part of the x86 libncnn cache key (library.py); 2: fp16 W_hc under fp16 storage; 3: W_xc too
+LSTM_PATCH_VERSION = 4  # part of the x86 libncnn cache key (library.py); 2: fp16 W_hc under fp16 storage; 3: W_xc too;
+#                         4: packed straight into fp16, a row at a time
 
 _HELPER = r'''// edgepack: W_xc x_t + b_c for every step t, before the recurrence (lstm_patch.py).
 // xgates row t holds the gates of unit q at q * 4 (I F O G), the order the step loop wants.
@@ -38,13 +40,8 @@ static const float* ep_lstm_xc_row(const Mat& weight_xc, int r, int n, const Mat
 #if __F16C__
     if (weight_xc.elemsize / weight_xc.elempack == 2u)
     {
-        const unsigned short* src = weight_xc.row<const unsigned short>(r);
         float* dst = (float*)wide.channel(get_omp_thread_num()).data;
-        int i = 0;
-        for (; i + 7 < n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
-        for (; i < n; i++)
-            dst[i] = float16_to_float32(src[i]);
+        ep_wf16_widen(weight_xc.row<const unsigned short>(r), dst, n); // F16C_HELPERS
         return dst;
     }
 #endif
@@ -211,7 +208,8 @@ _AT_I0 = "            i = 0;\n"
 
 # (what, old text, new text, how many times it must occur)
 _EDITS = (
-    ("the input-gates helper", _SIGNATURE, _HELPER + _SIGNATURE, 1),
+    # F16C_HELPERS here too: lstm_x86_fma.cpp includes this file alone (in lstm_x86.cpp the first copy's guard holds)
+    ("the input-gates helper", _SIGNATURE, F16C_HELPERS + _HELPER + _SIGNATURE, 1),
     ("the gates workspace", _GATES,
      _GATES + _HC_FLAG + "\n    Mat xgates(hidden_size * 4, T, 4u, opt.workspace_allocator);\n"
               "    if (xgates.empty())\n        return -100;\n"
@@ -232,38 +230,86 @@ _EDITS = (
     ("the 4-lane recurrent product", _HC_ONE_OLD, _HC_ONE_OLD.replace(_AT_I0, _AT_I0 + _HC_ONE_FP16), 1),
 )
 
-# create_pipeline (lstm_x86.cpp): W_hc to fp16 under fp16 storage, when the lstm() that will run it was
-# compiled with F16C: this layer's own build (the AVX-512 one), or the AVX build's hand-over to lstm_fma
-_PIPELINE_END = ("    if (opt.lightmode)\n    {\n        weight_xc_data.release();\n        bias_c_data.release();\n"
-                 "        weight_hc_data.release();\n    }\n")
-_HC_TO_FP16 = r'''    // edgepack (lstm_patch.py): fp16 W_hc halves what every step streams from memory; fp16 W_xc what is held
-#if __F16C__
+# create_pipeline (lstm_x86.cpp): W_hc and W_xc in fp16 under fp16 storage, when the lstm() that will run them was
+# compiled with F16C: this layer's own build (the AVX-512 one), or the AVX build's hand-over to lstm_fma. Version 4
+# packs them straight into fp16: each packed row is gathered in fp32 in this thread's row buffer and narrowed
+# (F16C_HELPERS), where version 3 packed both whole in fp32 and then cast them. ddddocr_crnn (2 x 2048 x 512 each):
+# the load held the fp32 weights, their fp32 packed copies and the fp16 ones at once, 40 MB at its peak.
+_INCLUDES_OLD = '#include "cpu.h"\n\nnamespace ncnn {\n\n#include "lstm_int8.h"\n'
+_INCLUDES_NEW = ('#include "cpu.h"\n\n'
+                 '#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))\n'
+                 '#include <immintrin.h> // edgepack (lstm_patch.py): F16C functions with a target attribute, in every ISA\'s build\n'
+                 '#endif\n\nnamespace ncnn {\n\n' + F16C_HELPERS + '\n#include "lstm_int8.h"\n')
+_PACKED_OLD = """#if __AVX__
+    weight_xc_data_packed.create(size, hidden_size / 2 + hidden_size % 2, num_directions, 32u, 8);
+    bias_c_data_packed.create(hidden_size, 1, num_directions, 16u, 4);
+    weight_hc_data_packed.create(num_output, hidden_size / 2 + hidden_size % 2, num_directions, 32u, 8);
+#else
+"""
+_PACKED_NEW = r"""    // edgepack (lstm_patch.py): fp16 W_hc halves what every step streams from memory; fp16 W_xc what is held.
+    // They are packed straight into fp16, a row at a time through this thread's fp32 rows (ep_rowsX)
+#if defined(EP_WF16) && __F16C__
     const bool ep_hc_fp16 = opt.use_fp16_storage;
-#elif __AVX__ && NCNN_RUNTIME_CPU && NCNN_FMA && !__FMA__ && !__FMA4__
+#elif defined(EP_WF16) && __AVX__ && NCNN_RUNTIME_CPU && NCNN_FMA && !__FMA__ && !__FMA4__
     const bool ep_hc_fp16 = opt.use_fp16_storage && cpu_support_x86_fma() && cpu_support_x86_f16c();
 #else
     const bool ep_hc_fp16 = false;
 #endif
+    Mat ep_rowsX; // per thread: a packed row of W_xc, then one of W_hc
     if (ep_hc_fp16)
     {
-        Option opt_cast = opt;
-        opt_cast.blob_allocator = 0;
-        Mat hc16;
-        cast_float32_to_float16(weight_hc_data_packed, hc16, opt_cast);
-        if (hc16.empty())
+        ep_rowsX.create((size + num_output) * 8, 1, opt.num_threads, 4u, (Allocator*)0);
+        if (ep_rowsX.empty())
             return -100;
-        weight_hc_data_packed = hc16;
-        // W_xc too (version 3): the pass before the recurrence widens a row at a time and reads it T times
-        Mat xc16;
-        cast_float32_to_float16(weight_xc_data_packed, xc16, opt_cast);
-        if (xc16.empty())
-            return -100;
-        weight_xc_data_packed = xc16;
     }
 
-'''
+#if __AVX__
+    weight_xc_data_packed.create(size, hidden_size / 2 + hidden_size % 2, num_directions, ep_hc_fp16 ? 16u : 32u, 8);
+    bias_c_data_packed.create(hidden_size, 1, num_directions, 16u, 4);
+    weight_hc_data_packed.create(num_output, hidden_size / 2 + hidden_size % 2, num_directions, ep_hc_fp16 ? 16u : 32u, 8);
+#else
+"""
+_PAIR_ROWS_OLD = ("            float* weight_xc_IFOG = weight_xc_data_packed_dr.row(q / 2);\n"
+                  "            float* weight_hc_IFOG = weight_hc_data_packed_dr.row(q / 2);\n")
+_PAIR_ROWS_NEW = ("            float* ep_rows = ep_hc_fp16 ? (float*)ep_rowsX.channel(get_omp_thread_num()).data : 0;\n"
+                  "            float* weight_xc_IFOG = ep_hc_fp16 ? ep_rows : weight_xc_data_packed_dr.row(q / 2);\n"
+                  "            float* weight_hc_IFOG = ep_hc_fp16 ? ep_rows + size * 8 : weight_hc_data_packed_dr.row(q / 2);\n")
+_TAIL_ROWS_OLD = ("            float* weight_xc_IFOG = weight_xc_data_packed_dr.row(q / 2 + q % 2);\n"
+                  "            float* weight_hc_IFOG = weight_hc_data_packed_dr.row(q / 2 + q % 2);\n")
+_TAIL_ROWS_NEW = ("            float* ep_rows = ep_hc_fp16 ? (float*)ep_rowsX.channel(get_omp_thread_num()).data : 0;\n"
+                  "            float* weight_xc_IFOG = ep_hc_fp16 ? ep_rows : weight_xc_data_packed_dr.row(q / 2 + q % 2);\n"
+                  "            float* weight_hc_IFOG = ep_hc_fp16 ? ep_rows + size * 8 : weight_hc_data_packed_dr.row(q / 2 + q % 2);\n")
+
+
+def _narrow_rows(lanes: int, row: str) -> str:
+    """After a unit's (lanes 8: a pair's; 4: the odd one's) packed rows are gathered: narrowed into the fp16 rows."""
+    return ("#if defined(EP_WF16)\n"
+            "            if (ep_hc_fp16) // edgepack (lstm_patch.py): the gathered rows into the fp16 packed ones\n"
+            "            {\n"
+            f"                ep_wf16_narrow(ep_rows, (unsigned short*)weight_xc_data_packed_dr.row({row}), size * {lanes});\n"
+            f"                ep_wf16_narrow(ep_rows + size * 8, (unsigned short*)weight_hc_data_packed_dr.row({row}), num_output * {lanes});\n"
+            "            }\n"
+            "#endif\n")
+
+
+_PAIR_END_OLD = ("                weight_hc_IFOG[7] = weight_hc_G_1[i];\n\n                weight_hc_IFOG += 8;\n            }\n"
+                 "        }\n#endif // __AVX__\n")
+_PAIR_END_NEW = ("                weight_hc_IFOG[7] = weight_hc_G_1[i];\n\n                weight_hc_IFOG += 8;\n            }\n"
+                 + _narrow_rows(8, "q / 2") + "        }\n#endif // __AVX__\n")
+_TAIL_END_OLD = ("                weight_hc_IFOG[3] = weight_hc_G[i];\n\n                weight_hc_IFOG += 4;\n            }\n"
+                 "        }\n    }\n\n    if (opt.lightmode)\n")
+_TAIL_END_NEW = ("                weight_hc_IFOG[3] = weight_hc_G[i];\n\n                weight_hc_IFOG += 4;\n            }\n"
+                 "#if __AVX__\n" + _narrow_rows(4, "q / 2 + q % 2") + "#endif\n"
+                 "        }\n    }\n\n    if (opt.lightmode)\n")
+_PIPELINE_EDITS = (
+    ("the includes (F16C helpers)", _INCLUDES_OLD, _INCLUDES_NEW, 1),
+    ("the packed weights' allocation", _PACKED_OLD, _PACKED_NEW, 1),
+    ("a pair of units' packed rows", _PAIR_ROWS_OLD, _PAIR_ROWS_NEW, 1),
+    ("the odd unit's packed rows", _TAIL_ROWS_OLD, _TAIL_ROWS_NEW, 1),
+    ("the end of a pair of units", _PAIR_END_OLD, _PAIR_END_NEW, 1),
+    ("the end of the odd unit", _TAIL_END_OLD, _TAIL_END_NEW, 1),
+)
 PIPELINE_FILE = Path("src") / "layer" / "x86" / "lstm_x86.cpp"
-_PIPELINE_EDITS = (("the end of create_pipeline", _PIPELINE_END, _HC_TO_FP16 + _PIPELINE_END, 1),)
 
 LSTM_FILE = Path("src") / "layer" / "x86" / "lstm_fp32.h"
 

@@ -42,8 +42,8 @@ WINOGRAD_FP16_PATCH_VERSION = 5  # 2: the F16C conversions in their own block (F
 
 # before the first kernel transform (F(2,3)'s): the helpers need only get_optimal_tile_mnk and gemm_transB_packed_tile
 _HELPERS_ANCHOR = "static inline void conv3x3s1_winograd23_transform_kernel_tile(const Mat& kernel, Mat& A, int inch, int i, int max_ii, int k, int max_kk)\n{"
-# F16C conversions, shared with gemm_conv_fp16_patch.py: each header that needs them carries this block, and
-# its guard keeps one copy per translation unit (convolution_x86.cpp includes the Winograd header first,
+# F16C conversions, shared with gemm_conv_fp16_patch.py and lstm_patch.py: each file that needs them carries this
+# block, and its guard keeps one copy per translation unit (convolution_x86.cpp includes the Winograd header first,
 # convolution_x86_fma.cpp the im2col one)
 F16C_HELPERS = r'''// ---- edgepack (winograd_fp16_patch.py): F16C conversions ----
 #ifndef EP_WF16_HELPERS_DEFINED
@@ -76,6 +76,16 @@ __attribute__((target("avx,f16c"))) static bool ep_wf16_narrow_exact(const float
         d[i] = h;
     }
     return true;
+}
+
+// n fp32 values to fp16, rounded to nearest as ncnn's cast is
+__attribute__((target("avx,f16c"))) static void ep_wf16_narrow(const float* s, unsigned short* d, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
 // n fp16 values to fp32
