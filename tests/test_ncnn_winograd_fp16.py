@@ -9,9 +9,7 @@ transformed from, with the same arithmetic. ncnn builds with -ffast-math, so the
 of that arithmetic differently: the outputs agree with `EDGEPACK_NCNN_OPTIONS=fp16=0` (fp32 kernels) to within
 2e-5 of their scale (measured: 4-5e-6, as much as 1 and 2 threads differ on an SSE CPU), at 1 and 2 threads, on
 every CPU with F16C (this host, qemu's Haswell and IvyBridge) and on those without (qemu's Nehalem, this host
-capped with isa=sse), where every kernel stays fp32. On 2 threads the last two layers' tiles are shared by N
-(56 tiles, 24 output channels), so their fp16 kernels are transformed once for the run into an fp32 kernel
-(version 5); the first layer's, over 4 MiB in fp32, are transformed by each thread as it goes. (F(2,3), which integer-sum layers take, must stay exact:
+capped with isa=sse), where every kernel stays fp32. (F(2,3), which integer-sum layers take, must stay exact:
 tests/test_ncnn_integer_winograd.py.) A wrong panel, row, offset or tap would be off by about
 1e-2 of scale.
 

@@ -23,10 +23,7 @@ arithmetic (F(2,3)'s halves of small integers stay exact in any order).
 
 The cost is the transform, vectorised across a panel's rows, once per kernel tile per output tile column
 (N): small beside the tile's T x T x TILE_N products per weight, except on deep layers over small maps,
-where one tile column holds every output tile. Where threads share a layer's tiles by N (thread_split_patch.py),
-each thread would transform the whole kernel for its own columns (on 2 threads: +2-7% on the corpus CNNs
-with version 4); there the run transforms it once, the threads sharing the work, into an fp32 kernel held
-for that layer's run (at most 4 MiB, else each thread transforms its own).
+where one tile column holds every output tile.
 
 Only x86 builds compile it, so only their cache key carries WINOGRAD_FP16_PATCH_KEY.
 """
@@ -36,9 +33,8 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-WINOGRAD_FP16_PATCH_VERSION = 5  # 2: the F16C conversions in their own block (F16C_HELPERS); 3: fp16 3x3 weights, transformed per tile,
-#                                  every variant; 4: made instead of the fp32 kernel, not after it; 5: transformed once
-#                                  per run where threads share the tiles by N
+WINOGRAD_FP16_PATCH_VERSION = 4  # 2: the F16C conversions in their own block (F16C_HELPERS); 3: fp16 3x3 weights, transformed per tile,
+#                                  every variant; 4: made instead of the fp32 kernel, not after it
 
 # before the first kernel transform (F(2,3)'s): the helpers need only get_optimal_tile_mnk and gemm_transB_packed_tile
 _HELPERS_ANCHOR = "static inline void conv3x3s1_winograd23_transform_kernel_tile(const Mat& kernel, Mat& A, int inch, int i, int max_ii, int k, int max_kk)\n{"
@@ -278,64 +274,7 @@ static void ep_wk_panel_rows(int P, const unsigned short* g, int max_kk, float* 
     else
         ep_wk_panel<1, T>(g, max_kk, dst, bstride);
 }
-
-// Rows [ii0, ii1) of a tile of fp16 3x3 weights (max_ii rows, max_kk input channels) through the kernel
-// transform for `batch` batches, panel by panel as pack_A_tile cuts the tile, into rows of bstride floats: the
-// panel at row ii starts at dst + (ii - ii0) * max_kk. ii0 starts a panel (a multiple of EP_WF16_ROWS).
-static void ep_wk_rows(const unsigned short* g, int batch, int ii0, int ii1, int max_ii, int max_kk, float* dst, int bstride)
-{
-    for (int ii = ii0; ii < ii1;)
-    {
-        const int P = ep_wk_panel_width(max_ii - ii);
-        const unsigned short* gp = g + (size_t)ii * max_kk * 9;
-        float* dp = dst + (size_t)(ii - ii0) * max_kk;
-        if (batch == 16)
-            ep_wk_panel_rows<4>(P, gp, max_kk, dp, bstride);
-        else if (batch == 36)
-            ep_wk_panel_rows<6>(P, gp, max_kk, dp, bstride);
-        else
-            ep_wk_panel_rows<8>(P, gp, max_kk, dp, bstride);
-        ii += P;
-    }
-}
 #endif
-
-// The kernel a run's tile products read. Where the threads share a layer's output tiles by N
-// (thread_split_patch.py), each thread needs every kernel tile for its own tiles and would transform the
-// whole fp16 kernel itself (on 2 threads, each as much as 1 thread does alone): there it is transformed once,
-// the threads sharing its row pairs, into an fp32 kernel in ncnn's own layout, held for this run only. AT
-// itself where it is fp32, where nothing is split, or where the fp32 kernel would be over 4 MiB.
-static const Mat& ep_winograd_run_kernel(const Mat& AT, bool split, int M, int K, int TILE_M, int TILE_K, int B, int nT, Mat& fp32, Allocator* allocator)
-{
-#if EP_WF16
-    const size_t bytes = (size_t)TILE_K * TILE_M * B * AT.d * AT.c * 4u;
-    if (AT.elemsize != 2u || !split || nT <= 1 || bytes > ((size_t)4 << 20))
-        return AT;
-    fp32.create(TILE_K * TILE_M, B, AT.d, AT.c, 4u, allocator);
-    if (fp32.empty())
-        return AT; // each thread transforms its own
-    const int nn_MK = AT.c * AT.d;
-    const int nn_R = (TILE_M + EP_WF16_ROWS - 1) / EP_WF16_ROWS;
-    #pragma omp parallel for num_threads(nT)
-    for (int u = 0; u < nn_MK * nn_R; u++)
-    {
-        const int i = u / nn_R / AT.d * TILE_M;
-        const int k = u / nn_R % AT.d * TILE_K;
-        const int ii0 = u % nn_R * EP_WF16_ROWS;
-        const int max_ii = std::min(M - i, TILE_M);
-        const int max_kk = std::min(K - k, TILE_K);
-        if (ii0 >= max_ii)
-            continue;
-        Mat tile = fp32.channel(i / TILE_M).depth(k / TILE_K);
-        ep_wk_rows((const unsigned short*)AT.channel(i / TILE_M).depth(k / TILE_K).data, B, ii0,
-                   std::min(max_ii, ii0 + EP_WF16_ROWS), max_ii, max_kk, (float*)tile.data + (size_t)ii0 * max_kk, tile.w);
-    }
-    return fp32;
-#else
-    (void)split, (void)M, (void)K, (void)TILE_M, (void)TILE_K, (void)B, (void)nT, (void)fp32, (void)allocator;
-    return AT;
-#endif
-}
 
 // floats of one thread's transform buffer for tiles of TILE_K and B batches (0: the kernel is fp32)
 static size_t ep_wf16_buffer_floats(const Mat& AT, int TILE_K, int B)
@@ -362,7 +301,19 @@ static void ep_winograd_gemm(const Mat& AT_tile, const Mat& BT_tile, Mat& top_ti
         {
             const int rows = std::min(EP_WF16_ROWS, max_ii - ii0);
             const int stride = (rows * max_kk + 15) / 16 * 16; // every batch row 64-byte aligned, as in the fp32 tile
-            ep_wk_rows(g, batch, ii0, ii0 + rows, max_ii, max_kk, (float*)wide.data, stride);
+            for (int ii = ii0; ii < ii0 + rows;)
+            {
+                const int P = ep_wk_panel_width(max_ii - ii);
+                const unsigned short* gp = g + (size_t)ii * max_kk * 9;
+                float* dp = (float*)wide.data + (size_t)(ii - ii0) * max_kk;
+                if (batch == 16)
+                    ep_wk_panel_rows<4>(P, gp, max_kk, dp, stride);
+                else if (batch == 36)
+                    ep_wk_panel_rows<6>(P, gp, max_kk, dp, stride);
+                else
+                    ep_wk_panel_rows<8>(P, gp, max_kk, dp, stride);
+                ii += P;
+            }
             Mat at_rows(stride, batch, wide.data, 4u);
             Mat top_rows(batch * max_jj * rows, (float*)top_tile.data + (size_t)ii0 * batch * max_jj, 4u);
             gemm_transB_packed_tile(at_rows, BT_tile, top_rows, batch, rows, max_jj, k, max_kk);
@@ -383,11 +334,8 @@ _TOP_OLD = """    Mat top_tileX(TILE_N * B * TILE_M, 1, nT, 4u, opt.workspace_al
         return -100;
 """
 _TOP_NEW = _TOP_OLD + """
-    // edgepack (winograd_fp16_patch.py): fp16 3x3 weights transformed once for this run where the threads share
-    // the tiles by N, else each thread's buffer for transforming them as it goes
-    Mat ep_AT32;
-    const Mat& ep_AT = ep_winograd_run_kernel(AT, ep_split, M, K, TILE_M, TILE_K, B, nT, ep_AT32, opt.workspace_allocator);
-    const size_t ep_wide_floats = ep_wf16_buffer_floats(ep_AT, TILE_K, B);
+    // edgepack (winograd_fp16_patch.py): each thread's buffer for transforming fp16 3x3 weights
+    const size_t ep_wide_floats = ep_wf16_buffer_floats(AT, TILE_K, B);
     Mat ep_wideX;
     if (ep_wide_floats)
     {
@@ -398,8 +346,6 @@ _TOP_NEW = _TOP_OLD + """
 """
 _TILE_OLD = "        Mat top_tile = top_tileX.channel(get_omp_thread_num());\n"
 _TILE_NEW = _TILE_OLD + "        Mat ep_wide = ep_wide_floats ? ep_wideX.channel(get_omp_thread_num()) : Mat();\n"
-_AT_TILE_OLD = "                const Mat AT_tile = AT.channel(i / TILE_M).depth(k / TILE_K);\n"
-_AT_TILE_NEW = "                const Mat AT_tile = ep_AT.channel(i / TILE_M).depth(k / TILE_K);\n"
 _GEMM_OLD = "                gemm_transB_packed_tile(AT_tile, BT_tile, top_tile, B, max_ii, max_jj, k, max_kk);\n"
 _GEMM_NEW = "                ep_winograd_gemm(AT_tile, BT_tile, top_tile, B, max_ii, max_jj, k, max_kk, ep_wide);\n"
 
@@ -458,7 +404,6 @@ _FILE_EDITS = (
         ("the fp16 kernel helpers, before F(2,3)'s kernel transform", _HELPERS_ANCHOR, _HELPERS + _HELPERS_ANCHOR, 1),
         *(_transform_kernel_edit(m) for m in (2, 4, 6)),
         ("the output tiles' allocation (F(2,3), F(4,3), F(6,3))", _TOP_OLD, _TOP_NEW, 3),
-        ("the kernel tiles the products read", _AT_TILE_OLD, _AT_TILE_NEW, 3),
         ("each thread's output tile", _TILE_OLD, _TILE_NEW, 3),
         ("the tile products", _GEMM_OLD, _GEMM_NEW, 3),
     )),
