@@ -226,3 +226,35 @@ def test_quantised_lstm_projects_its_input_in_int8(tmp_path):
             np.testing.assert_array_equal(other["y"], got["y"], err_msg=cpu)
     two, _ = run_artifact_on(art, "native", {"x": tmp_path / "x.npy"}, tmp_path / "out2", ("y",), 2)
     np.testing.assert_array_equal(two["y"], got["y"])
+
+
+def test_loading_an_int8_classifier_hands_its_weights_back_as_it_packs(tmp_path):
+    """A CRNN-sized quantised classifier (20 x 1024 -> 4096, int8 weights) at the fp16 rung: its B arrives as
+    4M fp16 integers (8 MiB). On VNNI CPUs the range pass checks every block before B is packed to byte
+    quads, so packing hands B's rows back as it goes (int8_gemm_patch.py version 14): loading peaks with B
+    resident, before its quads exist, and VmHWM at load stands about B less its quads (half of B) over what
+    stays: 4.6 MB measured. Version 13 held B whole beside its quads until the end: all of B over (8.2 MB;
+    ddddocr_old_int8 16.4 MB). Elsewhere a block may fail and the fp32 Gemm needs all of B."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from test_memory import memory_trace
+    from test_ncnn_winograd_fp16 import build_x86_ncnn
+    rows, k, n = 20, 1024, 4096
+    rng = np.random.default_rng(3)
+    f = TensorProto.FLOAT
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "classifier",
+                              [helper.make_tensor_value_info("x", f, [1, rows, k])],
+                              [helper.make_tensor_value_info("y", f, [1, rows, n])],
+                              [numpy_helper.from_array((rng.standard_normal((k, n)) * 0.05).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    src, dst = tmp_path / "classifier-float.onnx", tmp_path / "classifier.onnx"
+    onnx.save(model, src)
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    res = build_x86_ncnn(dst, tmp_path / "dist")
+    assert res["precision"] == "fp16-storage", res
+    rss, hwm = memory_trace(res["file"])["loaded"]
+    b = n * k * 2  # fp16
+    assert rss > b / 2, (rss, hwm)  # the byte quads are resident
+    if _expected_mode("native", True) and "VNNI" in _expected_mode("native", True):
+        assert hwm - rss < 0.75 * b, (rss, hwm, b)

@@ -59,14 +59,15 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-INT8_GEMM_PATCH_VERSION = 13  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
+INT8_GEMM_PATCH_VERSION = 14  # 2: A converted 8 rows a block (AVX2 for elempack 8), the kernel reads blocks;
 # 3: whole 8 x 8 blocks stored as vectors (column by column where the output packs 8 rows); 4: vpdpwssd on VNNI CPUs;
 # 5: an even count of pairs (no kernel tail); 6: 16-row packed outputs stored column by column too;
 # 7: 16 x 8 blocks in 512-bit registers on AVX-512 VNNI; 8: one store of column blocks for both (same code);
 # 9: B that fits int8 as int8 quads, A as uint8 + an offset, vpdpbusd on VNNI CPUs; 10: B spanning 255 or less
 # as uint8 (shifted), A as int8 (shifted); 11: A converted in parallel, block by block; 12: on AVX2 CPUs
 # without VNNI, B kept as bytes (a shift per 8-column block), widened block by block into a per-thread scratch;
-# 13: on VNNI CPUs, B's range found first and B packed straight to byte quads, block by block (no whole int16 B)
+# 13: on VNNI CPUs, B's range found first and B packed straight to byte quads, block by block (no whole int16 B);
+# 14: there, B's rows handed back as they are packed (ep_release_b_rows)
 MARK_KEY = 28  # Gemm param key the conversion writes (ncnn's Gemm reads 0-22; the Layer base 30-31)
 
 _DECL_OLD = "public:\n    int nT;\n    Mat AT_data;\n"
@@ -760,8 +761,17 @@ _PACK_NEW = """#if __AVX__
                 ep_colsum.create(NB * 8, (size_t)4u, (Allocator*)0);
             if (ep_b.empty() || (ep_wb && ep_wshift.empty()) || (ep_u8 && ep_colsum.empty()))
                 return -100;
+            // On VNNI CPUs the range pass has checked every block, so none fails here: B's rows go back to the
+            // system a run of 64 blocks at a time as they are packed (ep_release_b_rows, gemm_fp16_b_patch.py), and
+            // B and its packed form are never both whole (ddddocr_old_int8: 16.8 MB of fp16 B beside 8.4 MB of
+            // quads). Elsewhere a block may fail, and ncnn's fp32 Gemm then needs the whole of B.
+            const int ep_run = ep_isa > 0 ? 64 : NB;
+            uintptr_t ep_done = 0;
+            for (int nb0 = 0; nb0 < NB; nb0 += ep_run)
+            {
+            const int nb1 = std::min(NB, nb0 + ep_run);
             #pragma omp parallel for num_threads(opt.num_threads)
-            for (int nb = 0; nb < NB; nb++)
+            for (int nb = nb0; nb < nb1; nb++)
             {
                 const int direct = ep_isa > 0 && !ep_u8; // int16 pairs, kept as packed
                 short* b = (short*)(direct ? ep_b.row<unsigned char>(nb) : scratch.row<unsigned char>(get_omp_thread_num()));
@@ -773,6 +783,9 @@ _PACK_NEW = """#if __AVX__
                 if (ep_u8 && !fail)
                     ep_quads_block(b, K, K4, ep_bshift, ep_b.row<unsigned char>(nb), (int*)ep_colsum.data + nb * 8);
                 bad[nb] = fail;
+            }
+            if (ep_isa > 0)
+                ep_release_b_rows(B_data, K, std::min(N, nb1 * 8), ep_done);
             }
             for (int nb = 0; nb < NB; nb++)
                 ep_int8 &= !bad[nb];
