@@ -29,8 +29,8 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-THREAD_SPLIT_PATCH_VERSION = 4  # part of the x86 libncnn cache key (library.py); 2: the direct kernel; 3: activations;
-#                                 4: binary ops, channel Concat and Slice
+THREAD_SPLIT_PATCH_VERSION = 5  # part of the x86 libncnn cache key (library.py); 2: the direct kernel; 3: activations;
+#                                 4: binary ops, channel Concat and Slice; 5: a constant-B Gemm of few rows
 
 IM2COL_FILE = "src/layer/x86/convolution_im2col_gemm.h"
 PACKED_FILE = "src/layer/x86/convolution_packed.h"
@@ -316,11 +316,49 @@ _SLICE_EDITS = (
      "                ep_copy_channels(outptr, ptr, top_blob, opt);\n", 1),
 )
 
+# A Gemm of constant B with few rows and many columns (a CRNN's classifier: 20 x 1024 x 8210) had its rows cut into
+# one tile per thread: 16 + 4 rows, so one thread did four times the other's work, and each read (and, for fp16 B,
+# widened) all of B: 3.3 ms on 1 thread, 3.0 on 2. Where the columns outnumber the rows 4 to 1 and the rows fit
+# the one tile ncnn sized for all its threads before cutting it, they stay one tile, and ncnn's own loop for
+# fewer row tiles than threads shares the column tiles between the threads instead. Each output element is
+# summed by the same panel over the same K loop: the same bits (tests/test_memory.py's classifier test compares
+# 1 and 2 threads bit for bit).
+GEMM_FILE = "src/layer/x86/gemm_x86.cpp"
+_GEMM_BT_HEAD = ("static int gemm_BT_x86(const Mat& A, const Mat& BT, const Mat& C, Mat& top_blob, int broadcast_type_C, "
+                 "int N, int K, int transA, int output_transpose, int constant_TILE_M, int constant_TILE_N, "
+                 "int constant_TILE_K, int nT, const Option& opt)\n{\n"
+                 "    const int M = transA ? A.w : (A.dims == 3 ? A.c : A.h) * A.elempack;\n\n"
+                 "    // NCNN_LOGE(\"M/N/K = %d %d %d\", M, N, K);\n\n"
+                 "    int TILE_M, TILE_N, TILE_K;\n"
+                 "    get_optimal_tile_mnk(M, N, K, constant_TILE_M, constant_TILE_N, constant_TILE_K, TILE_M, TILE_N, TILE_K, nT);\n")
+_GEMM_HELPER = r'''// edgepack (thread_split_patch.py): TILE_M for a constant-B Gemm of few rows and many columns: all M rows in one
+// tile where they fit the tile ncnn sized for its nT threads before cutting it in nT, so the threads share the
+// column tiles (ncnn's nT > nn_M loop) instead of taking unequal row tiles that each read all of B
+static inline void ep_gemm_rows_whole(int M, int N, int nT, int constant_TILE_M, int& TILE_M)
+{
+    if (nT <= 1 || constant_TILE_M > 0 || M <= TILE_M || N < 4 * M || M > TILE_M * nT)
+        return;
+#if __AVX512F__
+    TILE_M = (M + 15) / 16 * 16;
+#elif __AVX__
+    TILE_M = (M + 7) / 8 * 8;
+#elif __SSE2__
+    TILE_M = (M + 3) / 4 * 4;
+#else
+    TILE_M = (M + 1) / 2 * 2;
+#endif
+}
+
+'''
+_GEMM_EDITS = (("the constant-B Gemm's tile sizes", _GEMM_BT_HEAD,
+                _GEMM_HELPER + _GEMM_BT_HEAD + "    ep_gemm_rows_whole(M, N, nT, constant_TILE_M, TILE_M);\n", 1),)
+
 # Every patched file with its edits: one table for the cache key and for applying them, so the two
 # cannot disagree (the activation edits, shared by nine files, count once in the key).
 _FILE_EDITS = ((IM2COL_FILE, _IM2COL_EDITS), (WINOGRAD_FILE, _WINOGRAD_EDITS), (PACKED_FILE, _PACKED_EDITS),
                *((name, _ACTIVATION_EDITS) for name in ACTIVATION_FILES),
-               (BINARYOP_FILE, _BINARYOP_EDITS), (CONCAT_FILE, _CONCAT_EDITS), (SLICE_FILE, _SLICE_EDITS))
+               (BINARYOP_FILE, _BINARYOP_EDITS), (CONCAT_FILE, _CONCAT_EDITS), (SLICE_FILE, _SLICE_EDITS),
+               (GEMM_FILE, _GEMM_EDITS))
 
 THREAD_SPLIT_PATCH_KEY = file_edits_key(THREAD_SPLIT_PATCH_VERSION, _FILE_EDITS)
 
