@@ -30,7 +30,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from clirun import host_cpu_flags
+from clirun import host_cpu_flags, run_artifact_on
 from conftest import run_edgepack
 
 LAYERS, WIDTH = 8, 1024  # 8 x 4 MiB of fp32 weights
@@ -228,8 +228,8 @@ def classifier(path: Path, rows: int = GEMM_ROWS, k: int = GEMM_K, n: int = GEMM
 def test_the_fp16_rung_keeps_a_classifiers_packed_weights_in_fp16(tmp_path):
     """gemm_fp16_b_patch.py: the packed B of the fp16 rung stays fp16 (widened 48 columns at a time, or a whole
     tile where K spans more than one tile: 20000 here); `fp16=0` keeps it fp32. The same bits either way, at
-    1 and 2 threads, and half the bytes held (8 MiB less for the 4096-class classifier), and loading does not
-    hold the fp16 B from the file beside the whole packed copy."""
+    1 and 2 threads, and on IvyBridge and Nehalem too, and half the bytes held (8 MiB less for the 4096-class
+    classifier), and loading does not hold the fp16 B from the file beside the whole packed copy."""
     for rows, k, n in ((GEMM_ROWS, GEMM_K, GEMM_N), (4, 20000, 40)):
         model = classifier(tmp_path / f"cls{k}.onnx", rows, k, n)
         proc = run_edgepack("build", model, "--target", "x86_64", "--backend", "ncnn", "--out", tmp_path / str(k),
@@ -250,6 +250,14 @@ def test_the_fp16_rung_keeps_a_classifiers_packed_weights_in_fp16(tmp_path):
                 outs[(switches, threads)] = np.load(out / "y.npy")
         for key, y in outs.items():
             np.testing.assert_array_equal(y, outs[("fp16=0", 1)], err_msg=f"{k} {key}")  # the same values, widened
+        if k == GEMM_K:
+            # the fp16 B widened by CPUID in every ISA's build of the layer: IvyBridge runs ncnn's AVX build
+            # (no -mf16c) with F16C, Nehalem the SSE build with the scalar conversion; the same bits as that
+            # CPU's fp32 B (not the native ones: without FMA the kernels round each product)
+            for cpu in ("IvyBridge", "Nehalem"):
+                got = {sw: run_artifact_on(res["file"], f"{cpu} {sw}" if sw else cpu, {"x": x},
+                                           tmp_path / f"o_{k}_{cpu}_{sw}", ("y",), 1)[0]["y"] for sw in ("", "fp16=0")}
+                np.testing.assert_array_equal(got[""], got["fp16=0"], err_msg=cpu)
         if k == GEMM_K:
             held = {switches: resident_after_run(res["file"], switches) for switches in ("", "fp16=0")}
             assert held[""] < held["fp16=0"] - 0.75 * GEMM_N * GEMM_K * 2, {k: v / 2**20 for k, v in held.items()}

@@ -31,8 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
+from .winograd_fp16_patch import F16C_HELPERS
 
-FP16_WEIGHTS_PATCH_VERSION = 3  # 2: Gemm_x86's large constant B too; 3: its tiles widened with F16C
+FP16_WEIGHTS_PATCH_VERSION = 4  # 2: Gemm_x86's large constant B too; 3: its tiles widened with F16C;
+#                                 4: F16C by CPUID in every ISA's build (F16C_HELPERS)
 
 _MB_BASE_DECL_OLD = "    // load vec\n    virtual Mat load(int w, int type) const;\n"
 _MB_BASE_DECL_NEW = _MB_BASE_DECL_OLD + (
@@ -231,23 +233,16 @@ private:
     mutable int calls;
 };
 
+""" + F16C_HELPERS + r"""
 // rows [r0, r0 + rows) x columns [c0, c0 + cols) of an fp16 matrix `width` wide, as fp32
 static void ep_widen_fp16_block(const Mat& B16, int width, int r0, int rows, int c0, int cols, Mat& out)
 {
     out.create(cols, rows, (size_t)4u, (Allocator*)0);
     for (int r = 0; r < rows; r++)
     {
-        const unsigned short* src = (const unsigned short*)B16.data + (size_t)(r0 + r) * width + c0;
-        float* dst = out.row(r);
-        int c = 0;
-#if __AVX__ && __F16C__
-        // 8 at a time with F16C, as cast_float16_to_float32 does: the scalar loop alone added ~40 ms to
-        // the start of a model with a 8210 x 512 classifier (ddddocr_crnn); both conversions are exact
-        for (; c + 7 < cols; c += 8)
-            _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + c))));
-#endif
-        for (; c < cols; c++)
-            dst[c] = float16_to_float32(src[c]);
+        // F16C by CPUID, in every ISA's build (gemm_fp16_b_patch.py includes immintrin.h): the scalar loop alone
+        // added ~40 ms to the start of a model with a 8210 x 512 classifier (ddddocr_crnn); both conversions are exact
+        ep_fp16_widen_any((const unsigned short*)B16.data + (size_t)(r0 + r) * width + c0, out.row(r), cols);
     }
 }
 

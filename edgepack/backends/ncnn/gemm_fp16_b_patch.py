@@ -25,13 +25,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
+from .winograd_fp16_patch import F16C_HELPERS
 
-GEMM_FP16_B_PATCH_VERSION = 3  # part of the x86 libncnn cache key (library.py); 2: every fp16-rung net, by runs of columns; 3: B's pages released as packed
+GEMM_FP16_B_PATCH_VERSION = 4  # part of the x86 libncnn cache key (library.py); 2: every fp16-rung net, by runs of columns; 3: B's pages released as packed;
+#                                4: F16C by CPUID in every ISA's build (F16C_HELPERS)
 
 _SIG_OLD = ("static int gemm_BT_x86(const Mat& A, const Mat& BT, const Mat& C, Mat& top_blob, int broadcast_type_C, "
             "int N, int K, int transA, int output_transpose, int constant_TILE_M, int constant_TILE_N, "
             "int constant_TILE_K, int nT, const Option& opt)\n{\n")
-_SIG_NEW = r'''// ---- edgepack (gemm_fp16_b_patch.py) ----
+_SIG_NEW = F16C_HELPERS + r'''// ---- edgepack (gemm_fp16_b_patch.py) ----
 #include <stdint.h>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -39,30 +41,17 @@ _SIG_NEW = r'''// ---- edgepack (gemm_fp16_b_patch.py) ----
 #endif
 namespace {
 
-// n values of an fp32 tile into an fp16 one (exact: they are fp16 values widened)
+// n values of an fp32 tile into an fp16 one (exact: they are fp16 values widened). F16C by CPUID: ncnn's AVX
+// build of this file has no -mf16c, and IvyBridge- or Jaguar-class CPUs (AVX and F16C, no FMA) run it
 static void ep_narrow_tile(const Mat& src, Mat& dst, int n)
 {
-    const float* s = src;
-    unsigned short* d = (unsigned short*)dst.data;
-    int i = 0;
-#if __F16C__
-    for (; i + 7 < n; i += 8)
-        _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-    for (; i < n; i++)
-        d[i] = float32_to_float16(s[i]);
+    ep_fp16_narrow_any((const float*)src.data, (unsigned short*)dst.data, n);
 }
 
-// n fp16 values to fp32
+// n fp16 values to fp32 (every run, for each run of columns of B: the scalar loop was the AVX build's)
 static void ep_widen_b(const unsigned short* s, float* d, int n)
 {
-    int i = 0;
-#if __F16C__
-    for (; i + 7 < n; i += 8)
-        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + i))));
-#endif
-    for (; i < n; i++)
-        d[i] = float16_to_float32(s[i]);
+    ep_fp16_widen_any(s, d, n);
 }
 
 // gemm_BT_x86's tile product for an fp32 or an fp16 tile of B. An fp16 tile is widened into this thread's
@@ -215,8 +204,16 @@ _PACK_NEW = """                ep_widen_fp16_block(B_data, K, j, max_jj, k, max_
                 }
 """
 
+# immintrin.h in every ISA's build of the file, for F16C_HELPERS' functions with a target attribute
+_INCLUDE_OLD = '#include "x86_usability.h"\n\n#include "cpu.h"\n\nnamespace ncnn {\n'
+_INCLUDE_NEW = ('#include "x86_usability.h"\n\n#include "cpu.h"\n\n'
+                '#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))\n'
+                '#include <immintrin.h> // edgepack (gemm_fp16_b_patch.py): F16C_HELPERS in every ISA\'s build\n'
+                '#endif\n\nnamespace ncnn {\n')
+
 _FILE_EDITS = (
     ("src/layer/x86/gemm_x86.cpp", (
+        ("immintrin.h for every ISA's build", _INCLUDE_OLD, _INCLUDE_NEW, 1),
         ("gemm_BT_x86's signature", _SIG_OLD, _SIG_NEW, 1),
         ("create_pipeline's packed B", _CREATE_OLD, _CREATE_NEW, 1),
         ("the fp16 B's packing (after fp16_weights_patch.py)", _PACK_OLD, _PACK_NEW, 1),

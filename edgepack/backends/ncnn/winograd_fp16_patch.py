@@ -38,7 +38,8 @@ WINOGRAD_FP16_PATCH_VERSION = 4  # 2: the F16C conversions in their own block (F
 
 # before the first kernel transform (F(2,3)'s): the helpers need only get_optimal_tile_mnk and gemm_transB_packed_tile
 _HELPERS_ANCHOR = "static inline void conv3x3s1_winograd23_transform_kernel_tile(const Mat& kernel, Mat& A, int inch, int i, int max_ii, int k, int max_kk)\n{"
-# F16C conversions, shared with gemm_conv_fp16_patch.py and lstm_patch.py: each file that needs them carries this
+# F16C conversions, shared with gemm_conv_fp16_patch.py, lstm_patch.py, gemm_fp16_b_patch.py and fp16_weights_patch.py:
+# each file that needs them carries this
 # block, and its guard keeps one copy per translation unit (convolution_x86.cpp includes the Winograd header first,
 # convolution_x86_fma.cpp the im2col one)
 F16C_HELPERS = r'''// ---- edgepack (winograd_fp16_patch.py): F16C conversions ----
@@ -94,6 +95,35 @@ __attribute__((target("avx,f16c"))) static void ep_wf16_widen(const unsigned sho
         d[i] = _cvtsh_ss(s[i]);
 }
 #endif // x86-64, clang/gcc
+
+// n fp16 values to fp32, and n fp32 values to fp16 rounded to nearest, on any CPU: with F16C where CPUID has it
+// (a build compiled without -mf16c, as ncnn's AVX one is, still takes it on IvyBridge or Jaguar), else with
+// ncnn's scalar conversions
+static inline void ep_fp16_widen_any(const unsigned short* s, float* d, int n)
+{
+#if EP_WF16
+    if (cpu_support_x86_f16c())
+    {
+        ep_wf16_widen(s, d, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++)
+        d[i] = float16_to_float32(s[i]);
+}
+
+static inline void ep_fp16_narrow_any(const float* s, unsigned short* d, int n)
+{
+#if EP_WF16
+    if (cpu_support_x86_f16c())
+    {
+        ep_wf16_narrow(s, d, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++)
+        d[i] = float32_to_float16(s[i]);
+}
 #endif // EP_WF16_HELPERS_DEFINED
 // ---- end edgepack ----
 '''
