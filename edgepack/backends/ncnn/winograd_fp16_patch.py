@@ -38,10 +38,9 @@ WINOGRAD_FP16_PATCH_VERSION = 4  # 2: the F16C conversions in their own block (F
 
 # before the first kernel transform (F(2,3)'s): the helpers need only get_optimal_tile_mnk and gemm_transB_packed_tile
 _HELPERS_ANCHOR = "static inline void conv3x3s1_winograd23_transform_kernel_tile(const Mat& kernel, Mat& A, int inch, int i, int max_ii, int k, int max_kk)\n{"
-# F16C conversions, shared with gemm_conv_fp16_patch.py, lstm_patch.py, gemm_fp16_b_patch.py and fp16_weights_patch.py:
-# each file that needs them carries this
-# block, and its guard keeps one copy per translation unit (convolution_x86.cpp includes the Winograd header first,
-# convolution_x86_fma.cpp the im2col one)
+# F16C conversions, shared with gemm_conv_fp16_patch.py, lstm_patch.py, gemm_fp16_b_patch.py and
+# fp16_weights_patch.py: each file that needs them carries this block, and its guard keeps one copy per translation
+# unit (convolution_x86.cpp includes the Winograd header first, convolution_x86_fma.cpp the im2col one)
 F16C_HELPERS = r'''// ---- edgepack (winograd_fp16_patch.py): F16C conversions ----
 #ifndef EP_WF16_HELPERS_DEFINED
 #define EP_WF16_HELPERS_DEFINED
