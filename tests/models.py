@@ -103,6 +103,18 @@ def saved_graph(graph, path: Path, opset: int = 17) -> Path:
     return path
 
 
+def quantised_graph(graph, tmp: Path, stem: str, opset: int = 13, **options) -> Path:
+    """``graph`` saved as tmp/STEM-float.onnx (saved_graph), then through onnxruntime's quantize_dynamic with
+    ``options`` (weight_type, nodes_to_exclude, ...) to tmp/STEM.onnx."""
+    import logging
+
+    from onnxruntime.quantization import quantize_dynamic
+    src, dst = saved_graph(graph, tmp / f"{stem}-float.onnx", opset), tmp / f"{stem}.onnx"
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_dynamic(src, dst, **options)
+    return dst
+
+
 def single_op_model(path: Path, op: str, inputs: dict, outputs: dict, inits=(), opset: int = 17, **attrs) -> Path:
     """A one-node model: inputs/outputs map name -> shape (float32)."""
     node = helper.make_node(op, list(inputs) + [i.name for i in inits], list(outputs), name=f"{op.lower()}_node",

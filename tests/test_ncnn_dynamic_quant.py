@@ -10,7 +10,6 @@ others, and splits tensors of 32k floats and more between threads: the bits stay
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from clirun import run_artifact_on, run_edgepack
+from models import quantised_graph
 from edgepack.runner import command_for
 from test_ncnn_thread_split import CPUS, build_fp32_ncnn
 
@@ -30,7 +30,7 @@ H, W = 40, 48  # 48 x 1920 floats: past EpDynQuant's 32k, split between threads 
 
 @pytest.fixture(scope="module")
 def quantised_convs(tmp_path_factory) -> Path:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType
     rng = np.random.default_rng(3)
     tmp = tmp_path_factory.mktemp("dynquant")
     nodes, inits, x = [], [], "x"
@@ -46,12 +46,7 @@ def quantised_convs(tmp_path_factory) -> Path:
     f = TensorProto.FLOAT
     graph = helper.make_graph(nodes, "dynquant", [helper.make_tensor_value_info("x", f, [1, 3, H, W])],
                               [helper.make_tensor_value_info(x, f, [1, CHANNELS[-1], H, W])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    src, dst = tmp / "dynquant-float.onnx", tmp / "dynquant.onnx"
-    onnx.save(model, src)
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_dynamic(src, dst, weight_type=QuantType.QUInt8, op_types_to_quantize=["Conv"])
+    dst = quantised_graph(graph, tmp, "dynquant", weight_type=QuantType.QUInt8, op_types_to_quantize=["Conv"])
     ops = [n.op_type for n in onnx.load(dst).graph.node]
     assert ops.count("ConvInteger") == 4 and ops.count("DynamicQuantizeLinear") == 4, ops
     return dst

@@ -24,7 +24,6 @@ and thread count: its integer sums are exact either way."""
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from clirun import host_cpu_flags, run_artifact_on
+from models import quantised_graph
 from test_ncnn_thread_split import build_fp32_ncnn
 from edgepack.backends.ncnn.int8_gemm_patch import MARK_KEY, mark_integer_gemms
 
@@ -71,7 +71,7 @@ def _expected_wide_mode(cpu: str) -> str | None:
 @pytest.fixture(scope="module", params=[(20, "uint8"), (21, "uint8"), (48, "uint8"), (21, "int8"), (48, "int8")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def int8_model(request, tmp_path_factory) -> tuple[Path, int, str]:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType
     M, weights = request.param
     rng = np.random.default_rng(11)
     tmp = tmp_path_factory.mktemp(f"int8gemm{M}{weights}")
@@ -88,12 +88,8 @@ def int8_model(request, tmp_path_factory) -> tuple[Path, int, str]:
     graph = helper.make_graph(nodes, "int8gemm", [helper.make_tensor_value_info("x", f, [1, M, K])],
                               [helper.make_tensor_value_info("y", f, [1, M, N]),
                                helper.make_tensor_value_info("z", f, [1, M, N2])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    src, dst = tmp / "int8gemm-float.onnx", tmp / "int8gemm.onnx"
-    onnx.save(model, src)
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_dynamic(src, dst, weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8, nodes_to_exclude=["float_integer_weights"])
+    dst = quantised_graph(graph, tmp, "int8gemm", weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
+                          nodes_to_exclude=["float_integer_weights"])
     ops = [n.op_type for n in onnx.load(dst).graph.node]
     assert ops.count("MatMulInteger") == 1 and ops.count("MatMul") == 1, ops
     return dst, M, weights
@@ -164,7 +160,6 @@ def test_quantised_lstm_projects_its_input_in_int8(tmp_path):
     artifact matches onnxruntime. Each dynamic quantisation is one engine layer (EpDynQuant), and the
     recurrent products take int8 quads on AVX-512 VNNI and AVX2 CPUs, the same bits as ncnn's gemv on
     SSE ones."""
-    from onnxruntime.quantization import quantize_dynamic
     rng = np.random.default_rng(5)
     hidden, inp, seq = 32, 64, 20
     w = (rng.standard_normal((2, 4 * hidden, inp)) * 0.3).astype(np.float32)
@@ -180,12 +175,7 @@ def test_quantised_lstm_projects_its_input_in_int8(tmp_path):
                               [helper.make_tensor_value_info("y", f, [seq, 2, 1, hidden])],
                               [numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R"),
                                numpy_helper.from_array((rng.standard_normal((2, 8 * hidden)) * 0.1).astype(np.float32), "B")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-    model.ir_version = 8
-    src, dst = tmp_path / "qlstm-float.onnx", tmp_path / "qlstm.onnx"
-    onnx.save(model, src)
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_dynamic(src, dst)
+    dst = quantised_graph(graph, tmp_path, "qlstm", opset=14)
     assert "DynamicQuantizeLSTM" in [n.op_type for n in onnx.load(dst).graph.node]
     art = build_fp32_ncnn(dst, tmp_path / "dist")
     # X's quantisation and H's before each step but the first two (H = 0) run as one layer each
@@ -235,7 +225,7 @@ def test_loading_an_int8_classifier_hands_its_weights_back_as_it_packs(tmp_path)
     resident, before its quads exist, and VmHWM at load stands about B less its quads (half of B) over what
     stays: 4.6 MB measured. Version 13 held B whole beside its quads until the end: all of B over (8.2 MB;
     ddddocr_old_int8 16.4 MB). Elsewhere a block may fail and the fp32 Gemm needs all of B."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType
     from test_memory import memory_trace
     from test_ncnn_winograd_fp16 import build_x86_ncnn
     rows, k, n = 20, 1024, 4096
@@ -245,12 +235,7 @@ def test_loading_an_int8_classifier_hands_its_weights_back_as_it_packs(tmp_path)
                               [helper.make_tensor_value_info("x", f, [1, rows, k])],
                               [helper.make_tensor_value_info("y", f, [1, rows, n])],
                               [numpy_helper.from_array((rng.standard_normal((k, n)) * 0.05).astype(np.float32), "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    src, dst = tmp_path / "classifier-float.onnx", tmp_path / "classifier.onnx"
-    onnx.save(model, src)
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    dst = quantised_graph(graph, tmp_path, "classifier", weight_type=QuantType.QInt8)
     res = build_x86_ncnn(dst, tmp_path / "dist")
     assert res["precision"] == "fp16-storage", res
     rss, hwm = memory_trace(res["file"])["loaded"]

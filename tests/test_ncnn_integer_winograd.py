@@ -8,7 +8,6 @@ fp16 rung too, where F16C CPUs transform its fp16 weights as the convolution goe
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
 import onnx
@@ -16,6 +15,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from clirun import run_artifact_on
+from models import quantised_graph
 from test_ncnn_thread_split import build_fp32_ncnn
 from test_ncnn_winograd_fp16 import build_x86_ncnn, f16c_cpus
 
@@ -23,19 +23,14 @@ C, O, H, W = 24, 32, 20, 20
 
 
 def conv_integer(tmp):
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType
     rng = np.random.default_rng(9)
     w = (rng.standard_normal((O, C, 3, 3)) * 0.2 + 0.03).astype(np.float32)
     node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
     graph = helper.make_graph([node], "convint", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, H, W])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, O, H, W])],
                               [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    src, dst = tmp / "convint-float.onnx", tmp / "convint.onnx"
-    onnx.save(model, src)
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_dynamic(src, dst, weight_type=QuantType.QUInt8)
+    dst = quantised_graph(graph, tmp, "convint", weight_type=QuantType.QUInt8)
     assert "ConvInteger" in {n.op_type for n in onnx.load(dst).graph.node}
     return dst
 
