@@ -192,3 +192,55 @@ def test_arm64_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
         assert_arm64_builds_match_and_bound_the_tensors(
             make(tmp_path / f"{make.__name__}.onnx"), x, tmp_path,
             {path: ARM_HELD_PEAK[make.__name__, path] for path in ("fp32", "fp16sa")})
+
+
+# Version 4: one-row maps in pieces of columns. A Whisper-like STFT (1 -> 128 channels, 400 taps at stride
+# 160 over 480,400 samples: 3001 frames) and, on its output, a dilated Conv1D (128 -> 32, kernel 3,
+# dilation 2, pads 2 on each side), both written by the converter as 2-D Convolutions of one row
+SAMPLES, TAPS, HOP, BANDS, FRAMES = 480_400, 400, 160, 128, 3001
+
+
+def _row_model(path):
+    rng = np.random.default_rng(14)
+    t = np.arange(TAPS)
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * t / TAPS)
+    stft = (np.cos(2 * np.pi * np.outer(np.arange(BANDS), t) / TAPS) * window)[:, None, :].astype(np.float32)
+    w2 = (rng.standard_normal((32, BANDS, 3)) / np.sqrt(3 * BANDS)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "stft"], ["c1"], kernel_shape=[TAPS], strides=[HOP]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], kernel_shape=[3], dilations=[2], pads=[2, 2])]
+    inits = [numpy_helper.from_array(stft, "stft"), numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(rng.standard_normal(32).astype(np.float32) * 0.1, "b2")]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "row_pieces", [helper.make_tensor_value_info("x", f, [1, 1, SAMPLES])],
+                              [helper.make_tensor_value_info("y", f, [1, 32, FRAMES])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_the_row_shapes_take_pieces():
+    # each layer's one-row im2col exceeds two strips (else it runs whole and this test checks nothing new)
+    assert _im2col_bytes(TAPS, FRAMES) > 2 * STRIP_BYTES and _im2col_bytes(3 * BANDS, FRAMES) > 2 * STRIP_BYTES
+    assert (SAMPLES - TAPS) // HOP + 1 == FRAMES
+
+
+def test_one_row_maps_run_in_pieces_match_onnxruntime_and_bound_the_tensors(tmp_path):
+    model = _row_model(tmp_path / "rows.onnx")
+    art = build_fp32_ncnn(model, tmp_path / "out")
+    rewrites = json.loads((tmp_path / "out" / "rows-x86_64.json").read_text())["backend"]["onnx_rewrites"]
+    assert {"strided_convs_as_rows x1", "wide_convs_as_rows x1"} <= set(rewrites), rewrites
+    t = np.arange(SAMPLES) / 16000
+    noise = np.random.default_rng(15).standard_normal(SAMPLES)
+    x = (np.sin(2 * np.pi * 440 * t) + 0.3 * noise).astype(np.float32).reshape(1, 1, SAMPLES)
+    # (the pieces' seams: 1296 and 1360 frames a piece, the last ones partial)
+    assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path, cpus=(
+        "native", "native isa=avx2", "Haswell-noTSX", "Nehalem"))
+    st = subprocess.run(command_for_cpu(art, "native") + ["selftest", "--runs", "1", "--threads", "1"],
+                        capture_output=True, text=True, timeout=300, env={**os.environ, "EDGEPACK_NCNN_TRACE": "1"})
+    assert st.returncode == 0, st.stdout + st.stderr[-2000:]
+    peak = _held_peak(st.stderr)
+    # alive at once, run whole (patch version 3): the input (1.9 MB), the STFT's output (1.5 MB) and its
+    # whole im2col (4.9 MB): 8.4 MB; in pieces, each im2col about a strip (2 MiB): 5.8 MB on an AVX-512 host
+    assert peak < 7.0e6, peak

@@ -36,6 +36,14 @@ or ONNX SAME's) and each strip copies only the rows it reads, bordered (copy_mak
 a map small enough to run whole is bordered whole, as before. The paths that read the map whole (the
 direct kernels, the dilated split) make the whole bordered copy first, as before. A border wider than the
 kernel, or a negative one, is made up front as before. The same values reach the kernels: the same bits.
+
+Version 4 (Arm version 3) cuts rows too. A strip is at least one output row, and a map of one row (a 1-D
+convolution that the converter wrote as a 2-D one of one row: Whisper's STFT, 400 taps at stride 160 over
+480,400 samples, and every Conv1D of conv1d_to_row) ran whole: Whisper's 4.9 MB im2col sat beside its
+1.9 MB input and 4.8 MB output, the model's peak. Where one output row's im2col is over two strips and
+the kernel is one row high, each row now runs in pieces of columns of about a strip's im2col (a multiple
+of 16), each reading the input columns its windows cover through a view. The K and M blocking are the
+same, so again the same bits.
 """
 from __future__ import annotations
 
@@ -43,7 +51,7 @@ from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
 
-WINOGRAD_STRIPS_PATCH_VERSION = 3  # 2: im2col + GEMM in strips too; 3: the strips border their own rows
+WINOGRAD_STRIPS_PATCH_VERSION = 4  # 2: im2col + GEMM in strips too; 3: the strips border their own rows; 4: columns
 STRIP_BYTES = 2 << 20   # a strip's transformed input or im2col: about the L2 of the cores it was measured on (2 MiB)
 
 _X86_ANCHOR = "// edgepack (direct_conv_patch.py): direct 3x3"  # what follows the namespace's start on x86
@@ -173,17 +181,51 @@ static int ep_winograd_strips(const EpConvInput& in, Mat& out, int m, const Opti
     return ep_run_strips(in, out, strip_tiles * m, 3, 1, 1, opt, run);
 }
 
+// run(in_cols, out_cols) once per piece of cols output columns of each output row, for a kernel one row
+// high (a 1-D convolution written as a 2-D one of one row: an STFT, a Conv1D): each piece reads the input
+// columns its windows cover, (cols - 1) x stride + (kernel - 1) x dilation + 1, through views of the same
+// channels (on a map of one row a run of columns is a plain Mat with the channel step of its map)
+template<class F>
+static int ep_run_columns(const EpConvInput& in, Mat& out, int cols, int kernel_w, int dilation_w, int stride_w, int stride_h, const Option& opt, F run)
+{
+    for (int y = 0; y < out.h; y++)
+    {
+        Mat in_row;
+        int ret = in.rows(y * stride_h, 1, in_row, opt);
+        if (ret != 0)
+            return ret;
+        for (int x0 = 0; x0 < out.w; x0 += cols)
+        {
+            const int n = std::min(cols, out.w - x0);
+            const int in_n = (n - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+            Mat in_cols(in_n, 1, in_row.c, (unsigned char*)in_row.data + (size_t)x0 * stride_w * in_row.elemsize, in_row.elemsize, in_row.elempack);
+            in_cols.cstep = in_row.cstep;
+            Mat out_cols(n, 1, out.c, (unsigned char*)out.data + ((size_t)y * out.w + x0) * out.elemsize, out.elemsize, out.elempack);
+            out_cols.cstep = out.cstep;
+            ret = run(in_cols, out_cols);
+            if (ret != 0)
+                return ret;
+        }
+    }
+    return 0;
+}
+
 // run(in, out) on the whole map, or once per strip of output rows where the map's im2col, k_values floats
 // per output pixel (kernel size times input channels), exceeds two strips' worth; a strip reads the input
-// rows its output rows need
+// rows its output rows need. Where one output row's im2col alone exceeds two strips and the kernel is one
+// row high, each row runs in pieces of columns instead (Whisper's STFT: 400 taps over 3001 frames of one
+// row, 4.9 MB of im2col beside its 4.8 MB output)
 template<class F>
-static int ep_gemm_strips(const EpConvInput& in, Mat& out, int kernel_h, int dilation_h, int stride_h, size_t k_values, const Option& opt, F run)
+static int ep_gemm_strips(const EpConvInput& in, Mat& out, int kernel_w, int kernel_h, int dilation_w, int dilation_h, int stride_w, int stride_h, size_t k_values, const Option& opt, F run)
 {
     const size_t row_bytes = k_values * out.w * sizeof(float); // one output row's im2col
     const size_t strip = EP_WINOGRAD_STRIP_BYTES;
     if (in.src.dims != 3 || out.dims != 3 || row_bytes * out.h <= 2 * strip
-            || in.h() < (out.h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1)
+            || in.h() < (out.h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1
+            || in.w() < (out.w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1)
         return ep_run_whole(in, out, opt, run);
+    if (kernel_h == 1 && row_bytes > 2 * strip)
+        return ep_run_columns(in, out, std::max(16, (int)(strip / (k_values * sizeof(float))) / 16 * 16), kernel_w, dilation_w, stride_w, stride_h, opt, run);
     return ep_run_strips(in, out, std::max(1, (int)(strip / row_bytes)), kernel_h, dilation_h, stride_h, opt, run);
 }
 // ---- end edgepack ----
@@ -226,7 +268,7 @@ def _gemm_call(suffix: str, bias: str, source: str, border_after: bool) -> tuple
     args = "weight_sgemm_data, %s, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, _nT, opt" % bias
     old = f"        int ret = convolution_im2col_gemm{suffix}(bottom_blob_bordered, top_blob, {args});\n" + _BLOCK_END
     new = ("        // edgepack (winograd_strips_patch.py): strips of output rows where the map's im2col is large\n"
-           f"        int ret = ep_gemm_strips({source}, top_blob, kernel_h, dilation_h, stride_h, "
+           f"        int ret = ep_gemm_strips({source}, top_blob, kernel_w, kernel_h, dilation_w, dilation_h, stride_w, stride_h, "
            "(size_t)num_input * kernel_w * kernel_h, opt, [&](const Mat& ep_in, Mat& ep_out) {\n"
            f"            return convolution_im2col_gemm{suffix}(ep_in, ep_out, {args});\n        }});\n" + _BLOCK_END)
     if border_after:
@@ -310,7 +352,7 @@ _ARM_FILE_EDITS = (
         ("the fp16 arithmetic im2col + GEMM block",) + _gemm_call("_fp16sa", "bias_data_fp16", "ep_input", True) + (1,),
     )),
 )
-WINOGRAD_STRIPS_ARM_PATCH_VERSION = 2  # 2: the strips border their own rows
+WINOGRAD_STRIPS_ARM_PATCH_VERSION = 3  # 2: the strips border their own rows; 3: pieces of columns
 WINOGRAD_STRIPS_ARM_PATCH_KEY = file_edits_key(WINOGRAD_STRIPS_ARM_PATCH_VERSION, _ARM_FILE_EDITS)
 
 
