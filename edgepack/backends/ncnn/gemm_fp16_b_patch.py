@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
-from .winograd_fp16_patch import F16C_HELPERS
+from .winograd_fp16_patch import F16C_HELPERS, immintrin_include
 
 GEMM_FP16_B_PATCH_VERSION = 4  # part of the x86 libncnn cache key (library.py); 2: every fp16-rung net, by runs of columns; 3: B's pages released as packed;
 #                                4: F16C by CPUID in every ISA's build (F16C_HELPERS)
@@ -40,19 +40,6 @@ _SIG_NEW = F16C_HELPERS + r'''// ---- edgepack (gemm_fp16_b_patch.py) ----
 #include <unistd.h>
 #endif
 namespace {
-
-// n values of an fp32 tile into an fp16 one (exact: they are fp16 values widened). F16C by CPUID: ncnn's AVX
-// build of this file has no -mf16c, and IvyBridge- or Jaguar-class CPUs (AVX and F16C, no FMA) run it
-static void ep_narrow_tile(const Mat& src, Mat& dst, int n)
-{
-    ep_fp16_narrow_any((const float*)src.data, (unsigned short*)dst.data, n);
-}
-
-// n fp16 values to fp32 (every run, for each run of columns of B: the scalar loop was the AVX build's)
-static void ep_widen_b(const unsigned short* s, float* d, int n)
-{
-    ep_fp16_widen_any(s, d, n);
-}
 
 // gemm_BT_x86's tile product for an fp32 or an fp16 tile of B. An fp16 tile is widened into this thread's
 // channel of `wide` (a whole tile's floats) and ncnn's kernel runs on that: on runs of 48 columns, each widened
@@ -74,7 +61,9 @@ static void ep_gemm_b_tile(const Mat& wide, const Mat& AT_tile, const Mat& BT_ti
     for (int jj0 = 0; jj0 < max_jj; jj0 += run)
     {
         const int cols = std::min(run, max_jj - jj0);
-        ep_widen_b(b + (size_t)jj0 * max_kk, w, cols * max_kk);
+        // F16C by CPUID: ncnn's AVX build of this file has no -mf16c, and IvyBridge- or Jaguar-class CPUs (AVX
+        // and F16C, no FMA) run it
+        ep_fp16_widen_any(b + (size_t)jj0 * max_kk, w, cols * max_kk);
         const Mat bt(cols * max_kk, (void*)w, 4u);
         gemm_transB_packed_tile(AT_tile, bt, CT_tile, topT_tile, top_blob, broadcast_type_C, i, max_ii, j + jj0, cols, k, max_kk, k_end);
     }
@@ -193,7 +182,8 @@ _PACK_NEW = """                ep_widen_fp16_block(B_data, K, j, max_jj, k, max_
                     // edgepack (gemm_fp16_b_patch.py): packed as ncnn packs it, kept in fp16
                     Mat tile32 = ep_tile32.channel(get_omp_thread_num());
                     pack_B_tile(block, tile32, 0, max_jj, 0, max_kk);
-                    ep_narrow_tile(tile32, BT_tile, max_jj * max_kk);
+                    // exact: they are fp16 values widened
+                    ep_fp16_narrow_any((const float*)tile32.data, (unsigned short*)BT_tile.data, max_jj * max_kk);
                     // the tail of a partial tile is widened too, never read: zeroed here, as the tile is written
                     // (zeroing all of BT first would make it resident beside the whole of B)
                     memset((unsigned short*)BT_tile.data + max_jj * max_kk, 0, (size_t)(BT_tile.w - max_jj * max_kk) * 2u);
@@ -204,12 +194,8 @@ _PACK_NEW = """                ep_widen_fp16_block(B_data, K, j, max_jj, k, max_
                 }
 """
 
-# immintrin.h in every ISA's build of the file, for F16C_HELPERS' functions with a target attribute
 _INCLUDE_OLD = '#include "x86_usability.h"\n\n#include "cpu.h"\n\nnamespace ncnn {\n'
-_INCLUDE_NEW = ('#include "x86_usability.h"\n\n#include "cpu.h"\n\n'
-                '#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))\n'
-                '#include <immintrin.h> // edgepack (gemm_fp16_b_patch.py): F16C_HELPERS in every ISA\'s build\n'
-                '#endif\n\nnamespace ncnn {\n')
+_INCLUDE_NEW = '#include "x86_usability.h"\n\n#include "cpu.h"\n\n' + immintrin_include("gemm_fp16_b_patch.py") + '\nnamespace ncnn {\n'
 
 _FILE_EDITS = (
     ("src/layer/x86/gemm_x86.cpp", (

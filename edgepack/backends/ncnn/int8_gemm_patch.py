@@ -769,23 +769,23 @@ _PACK_NEW = """#if __AVX__
             uintptr_t ep_done = 0;
             for (int nb0 = 0; nb0 < NB; nb0 += ep_run)
             {
-            const int nb1 = std::min(NB, nb0 + ep_run);
-            #pragma omp parallel for num_threads(opt.num_threads)
-            for (int nb = nb0; nb < nb1; nb++)
-            {
-                const int direct = ep_isa > 0 && !ep_u8; // int16 pairs, kept as packed
-                short* b = (short*)(direct ? ep_b.row<unsigned char>(nb) : scratch.row<unsigned char>(get_omp_thread_num()));
-                int lo = 0, hi = 0;
-                int fail = !ep_pack_block(B_data, N, K, K2, nb, b, &lo, &hi);
-                // a block spanning more than 255 cannot be bytes: ncnn's fp32 Gemm takes the layer
-                if (ep_wb && !fail)
-                    fail = !ep_narrow_b(b, (size_t)K2 * 16, lo, hi, ep_b.row<unsigned char>(nb), (int*)ep_wshift.data + nb);
-                if (ep_u8 && !fail)
-                    ep_quads_block(b, K, K4, ep_bshift, ep_b.row<unsigned char>(nb), (int*)ep_colsum.data + nb * 8);
-                bad[nb] = fail;
-            }
-            if (ep_isa > 0)
-                ep_release_b_rows(B_data, K, std::min(N, nb1 * 8), ep_done);
+                const int nb1 = std::min(NB, nb0 + ep_run);
+                #pragma omp parallel for num_threads(opt.num_threads)
+                for (int nb = nb0; nb < nb1; nb++)
+                {
+                    const int direct = ep_isa > 0 && !ep_u8; // int16 pairs, kept as packed
+                    short* b = (short*)(direct ? ep_b.row<unsigned char>(nb) : scratch.row<unsigned char>(get_omp_thread_num()));
+                    int lo = 0, hi = 0;
+                    int fail = !ep_pack_block(B_data, N, K, K2, nb, b, &lo, &hi);
+                    // a block spanning more than 255 cannot be bytes: ncnn's fp32 Gemm takes the layer
+                    if (ep_wb && !fail)
+                        fail = !ep_narrow_b(b, (size_t)K2 * 16, lo, hi, ep_b.row<unsigned char>(nb), (int*)ep_wshift.data + nb);
+                    if (ep_u8 && !fail)
+                        ep_quads_block(b, K, K4, ep_bshift, ep_b.row<unsigned char>(nb), (int*)ep_colsum.data + nb * 8);
+                    bad[nb] = fail;
+                }
+                if (ep_isa > 0)
+                    ep_release_b_rows(B_data, K, std::min(N, nb1 * 8), ep_done);
             }
             for (int nb = 0; nb < NB; nb++)
                 ep_int8 &= !bad[nb];

@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .source_patch import apply_file_edits, file_edits_key
-from .winograd_fp16_patch import F16C_HELPERS
+from .winograd_fp16_patch import F16C_HELPERS, immintrin_include
 
 LSTM_PATCH_VERSION = 4  # part of the x86 libncnn cache key (library.py); 2: fp16 W_hc under fp16 storage; 3: W_xc too;
 #                         4: packed straight into fp16, a row at a time
@@ -236,10 +236,8 @@ _EDITS = (
 # (F16C_HELPERS), where version 3 packed both whole in fp32 and then cast them. ddddocr_crnn (2 x 2048 x 512 each):
 # the load held the fp32 weights, their fp32 packed copies and the fp16 ones at once, 40 MB at its peak.
 _INCLUDES_OLD = '#include "cpu.h"\n\nnamespace ncnn {\n\n#include "lstm_int8.h"\n'
-_INCLUDES_NEW = ('#include "cpu.h"\n\n'
-                 '#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))\n'
-                 '#include <immintrin.h> // edgepack (lstm_patch.py): F16C functions with a target attribute, in every ISA\'s build\n'
-                 '#endif\n\nnamespace ncnn {\n\n' + F16C_HELPERS + '\n#include "lstm_int8.h"\n')
+_INCLUDES_NEW = ('#include "cpu.h"\n\n' + immintrin_include("lstm_patch.py")
+                 + '\nnamespace ncnn {\n\n' + F16C_HELPERS + '\n#include "lstm_int8.h"\n')
 _PACKED_OLD = """#if __AVX__
     weight_xc_data_packed.create(size, hidden_size / 2 + hidden_size % 2, num_directions, 32u, 8);
     bias_c_data_packed.create(hidden_size, 1, num_directions, 16u, 4);

@@ -127,6 +127,15 @@ static inline void ep_fp16_narrow_any(const float* s, unsigned short* d, int n)
 // ---- end edgepack ----
 '''
 
+
+def immintrin_include(patch: str) -> str:
+    """The include a file needs, in every ISA's build, before F16C_HELPERS (or its own F16C functions with a
+    target attribute): ncnn compiles its baseline and AVX builds without -mf16c, so their own includes leave
+    F16C's intrinsics out."""
+    return ("#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))\n"
+            f"#include <immintrin.h> // edgepack ({patch}): F16C functions with a target attribute, in every ISA's build\n"
+            "#endif\n")
+
 _HELPERS = F16C_HELPERS + r'''// ---- edgepack (winograd_fp16_patch.py) ----
 #ifndef EP_WINOGRAD_FP16_DEFINED
 #define EP_WINOGRAD_FP16_DEFINED
@@ -412,11 +421,7 @@ _PIPELINE_NEW = """            else
 """
 
 _INCLUDE_OLD = '#include "convolution_x86.h"\n'
-_INCLUDE_NEW = _INCLUDE_OLD + """
-#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__))
-#include <immintrin.h> // edgepack (winograd_fp16_patch.py): F16C functions with a target attribute, in every ISA's build
-#endif
-"""
+_INCLUDE_NEW = _INCLUDE_OLD + "\n" + immintrin_include("winograd_fp16_patch.py")
 
 
 def _transform_kernel_edit(m: int) -> tuple:
