@@ -25,6 +25,7 @@ from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .batch_reshape_patch import BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape
+from .binaryop_inplace_patch import BINARYOP_INPLACE_PATCH_KEY, patch_binaryop_inplace
 from .deconv_strips_patch import (DECONV_STRIPS_ARM_PATCH_KEY, DECONV_STRIPS_PATCH_KEY, patch_deconv_strips,
                                   patch_deconv_strips_arm)
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
@@ -74,6 +75,7 @@ def _arch_patches(target: Target) -> tuple:
     return every_arch + (
         ("lstm_patch", LSTM_PATCH_KEY, patch_lstm), ("gru_patch", GRU_PATCH_KEY, patch_gru),
         ("thread_split_patch", THREAD_SPLIT_PATCH_KEY, patch_thread_split),
+        ("binaryop_inplace_patch", BINARYOP_INPLACE_PATCH_KEY, patch_binaryop_inplace),
         ("gemm_pair_patch", GEMM_PAIR_PATCH_KEY, patch_gemm_pair),
         ("gemm_pair16_patch", GEMM_PAIR16_PATCH_KEY, patch_gemm_pair16),
         ("direct_conv_patch", DIRECT_CONV_PATCH_KEY, patch_direct_conv), ("isa_cap_patch", ISA_CAP_PATCH_KEY, patch_isa_cap),

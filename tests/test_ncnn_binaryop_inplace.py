@@ -1,0 +1,56 @@
+"""A two-input BinaryOp writes over its larger input where nothing else holds it
+(edgepack/backends/ncnn/binaryop_inplace_patch.py), and still matches onnxruntime.
+
+The graph has each case the patch must tell apart, on 32 x 128 x 128 maps (2 MiB each):
+- r = h + g: h's other reader (the Sigmoid that made g) has run, so h is dying: written over;
+- z = r * se(r): r's other readers (its pooling, and the sum below) are not all done: r is kept;
+- y = z + r: z is dying, and r is now too: written over.
+Built fp32 and run on every x86 CPU model at 1 and 2 threads against onnxruntime, and the arena's held-peak
+(EDGEPACK_NCNN_TRACE) must show the maps the sums no longer add: three maps at once before the patch (h, g
+and their sum; r, z and y), two after."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from edgepack.runner import command_for_cpu
+from models import saved_graph
+from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
+
+C, H, W = 32, 128, 128
+MAP = C * H * W * 4
+
+
+def sums_and_products(path):
+    w3 = (np.random.default_rng(21).standard_normal((C, C, 1, 1)) / np.sqrt(C)).astype(np.float32)
+    # (element-wise layers, not convolutions, make h and g: a convolution's workspace would be a map too)
+    nodes = [helper.make_node("Tanh", ["x"], ["h"]),
+             helper.make_node("Sigmoid", ["h"], ["g"]),
+             helper.make_node("Add", ["h", "g"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Conv", ["p", "w3"], ["q"]),
+             helper.make_node("Sigmoid", ["q"], ["s"]),
+             helper.make_node("Mul", ["r", "s"], ["z"]),
+             helper.make_node("Add", ["z", "r"], ["y"])]
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "sums", [helper.make_tensor_value_info("x", f, [1, C, H, W])],
+                              [helper.make_tensor_value_info("y", f, [1, C, H, W])],
+                              [numpy_helper.from_array(w3, "w3")])
+    return saved_graph(graph, path, opset=13)
+
+
+def test_sums_write_over_dying_inputs_and_match_onnxruntime(tmp_path):
+    model = sums_and_products(tmp_path / "sums.onnx")
+    art = build_fp32_ncnn(model, tmp_path / "out")
+    x = np.random.default_rng(22).standard_normal((1, C, H, W)).astype(np.float32)
+    assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path)
+    st = subprocess.run(command_for_cpu(art, "native") + ["selftest", "--runs", "1", "--threads", "1"],
+                        capture_output=True, text=True, timeout=300, env={**os.environ, "EDGEPACK_NCNN_TRACE": "1"})
+    assert st.returncode == 0, st.stdout + st.stderr[-2000:]
+    peak = int(re.findall(r"held-peak=(\d+) kB", st.stderr)[-1]) * 1024
+    # (Tanh runs over the input map in place) at most two maps, and the pooled vectors, at once
+    assert 2 * MAP <= peak < 2.5 * MAP, (peak, MAP)
