@@ -7,7 +7,7 @@ The graph has each case the patch must tell apart, on 32 x 128 x 128 maps (2 MiB
 - y = z + r: z is dying, and r is now too: written over.
 Built fp32 and run on every x86 CPU model at 1 and 2 threads against onnxruntime, and the arena's held-peak
 (EDGEPACK_NCNN_TRACE) must show the maps the sums no longer add: three maps at once before the patch (h, g
-and their sum; r, z and y), two after."""
+and their sum; r, z and y), two after. The same on arm64 under qemu, built fp32 and fp16."""
 from __future__ import annotations
 
 import os
@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgepack.runner import command_for_cpu
 from models import saved_graph
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
+from test_ncnn_winograd_strips import assert_arm64_builds_match_and_bound_the_tensors
 
 C, H, W = 32, 128, 128
 MAP = C * H * W * 4
@@ -54,3 +55,10 @@ def test_sums_write_over_dying_inputs_and_match_onnxruntime(tmp_path):
     peak = int(re.findall(r"held-peak=(\d+) kB", st.stderr)[-1]) * 1024
     # (Tanh runs over the input map in place) at most two maps, and the pooled vectors, at once
     assert 2 * MAP <= peak < 2.5 * MAP, (peak, MAP)
+
+
+def test_arm64_sums_write_over_dying_inputs_and_match_onnxruntime(tmp_path):
+    # fp32 and fp16 builds on cortex-a53 (fp32 arithmetic) and max (fp16 arithmetic: maps of 2 bytes a value)
+    x = np.random.default_rng(23).standard_normal((1, C, H, W)).astype(np.float32)
+    assert_arm64_builds_match_and_bound_the_tensors(sums_and_products(tmp_path / "sums.onnx"), x, tmp_path,
+                                                    {"fp32": 2.5 * MAP, "fp16sa": 1.25 * MAP})

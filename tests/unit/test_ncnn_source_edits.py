@@ -285,3 +285,22 @@ def test_flush_denormals_patch_is_x86_only_and_hands_the_bits_to_workers():
     omp = {e[0]: e for e in edits["src/simpleomp.cpp"]}
     assert omp["forks record them"][3] == 2 and "_mm_getcsr() & EP_CSR_DAZ_FTZ" in omp["forks record them"][2]
     assert "_mm_setcsr(" in omp["workers take them"][2]
+
+
+def test_binaryop_inplace_patch_keys_each_arch_and_checks_who_holds_the_input():
+    from edgepack.backends.ncnn import library
+    from edgepack.backends.ncnn.binaryop_inplace_patch import (_FILE_EDITS, BINARYOP_INPLACE_ARM_PATCH_KEY,
+                                                               BINARYOP_INPLACE_PATCH_KEY)
+    from edgepack.targets import TargetMatrix
+    matrix = TargetMatrix.load()
+    x86 = [name for name, _, _ in library._arch_patches(matrix.get("x86_64"))]
+    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("x86_64")))["binaryop_inplace_patch"] == \
+        BINARYOP_INPLACE_PATCH_KEY
+    # after thread_split_patch, which edits the same file's loops
+    assert x86.index("binaryop_inplace_patch") > x86.index("thread_split_patch")
+    assert dict((n, k) for n, k, _ in library._arch_patches(matrix.get("arm64")))["binaryop_inplace_patch"] == \
+        BINARYOP_INPLACE_ARM_PATCH_KEY
+    (path, edits), = _FILE_EDITS
+    top = {e[0]: e for e in edits}["the output over a dying input"][2]
+    # light mode only, one or two holders only, and never memory without a count
+    assert "opt.lightmode && (ep_refs == 1 || ep_refs == 2)" in top and "A.refcount ? *A.refcount : 0" in edits[0][2]

@@ -1,4 +1,4 @@
-"""A two-input BinaryOp writes its output over its larger input where nothing else holds that input (x86).
+"""A two-input BinaryOp writes its output over its larger input where nothing else holds that input.
 
 ncnn runs a two-input BinaryOp (x + y, x * scale) into a new blob, so the two inputs and the output are alive
 at once. In exported graphs the larger input is usually dying there: a residual sum (x + f(x)) or a
@@ -18,7 +18,8 @@ that element of the output, and the first operand is never read at another posit
 gives the same values. Mat::create then keeps the memory (same shape, same allocator), or, where the
 allocator differs, releases the reference and makes a new blob as before.
 
-Only x86 builds carry the edit (BINARYOP_INPLACE_PATCH_KEY in their cache key only).
+Arm builds get the same edits in BinaryOp_arm's fp32 and fp16-storage forwards (binaryop_arm.cpp,
+binaryop_arm_asimdhp.cpp), whose structure is x86's: BINARYOP_INPLACE_ARM_PATCH_KEY.
 """
 from __future__ import annotations
 
@@ -54,12 +55,27 @@ _TOP_NEW = _TOP_OLD + r"""    // edgepack (binaryop_inplace_patch.py): the outpu
     }
 """
 
-_FILE_EDITS = ((FILE, (("each input's reference count on entry", _REFS_OLD, _REFS_NEW, 2),
-                       ("the output over a dying input", _TOP_OLD, _TOP_NEW, 2))),)
 
+
+def _edits(forwards: int) -> tuple:
+    """The two edits, in a file with ``forwards`` two-input forward functions."""
+    return (("each input's reference count on entry", _REFS_OLD, _REFS_NEW, forwards),
+            ("the output over a dying input", _TOP_OLD, _TOP_NEW, forwards))
+
+
+_FILE_EDITS = ((FILE, _edits(2)),)  # forward and forward_bf16s
 BINARYOP_INPLACE_PATCH_KEY = file_edits_key(BINARYOP_INPLACE_PATCH_VERSION, _FILE_EDITS)
+
+# fp32 and bf16 forwards in binaryop_arm.cpp, the fp16-storage one in binaryop_arm_asimdhp.cpp
+_ARM_FILE_EDITS = (("src/layer/arm/binaryop_arm.cpp", _edits(2)), ("src/layer/arm/binaryop_arm_asimdhp.cpp", _edits(1)))
+BINARYOP_INPLACE_ARM_PATCH_KEY = file_edits_key(BINARYOP_INPLACE_PATCH_VERSION, _ARM_FILE_EDITS)
 
 
 def patch_binaryop_inplace(src: Path) -> None:
     """Apply the edits to an unpacked ncnn source tree, in place (x86 builds, after thread_split_patch.py)."""
     apply_file_edits(src, _FILE_EDITS, "binaryop_inplace_patch.py")
+
+
+def patch_binaryop_inplace_arm(src: Path) -> None:
+    """Apply the Arm edits to an unpacked ncnn source tree, in place (aarch64 builds)."""
+    apply_file_edits(src, _ARM_FILE_EDITS, "binaryop_inplace_patch.py")

@@ -25,7 +25,8 @@ from ...sources import NCNN_SDIST, fetch
 from ...targets import Target
 from ...toolchains import WRAPPER_VERSION, Toolchain, generic_cpu
 from .batch_reshape_patch import BATCH_RESHAPE_PATCH_KEY, patch_batch_reshape
-from .binaryop_inplace_patch import BINARYOP_INPLACE_PATCH_KEY, patch_binaryop_inplace
+from .binaryop_inplace_patch import (BINARYOP_INPLACE_ARM_PATCH_KEY, BINARYOP_INPLACE_PATCH_KEY, patch_binaryop_inplace,
+                                     patch_binaryop_inplace_arm)
 from .deconv_strips_patch import (DECONV_STRIPS_ARM_PATCH_KEY, DECONV_STRIPS_PATCH_KEY, patch_deconv_strips,
                                   patch_deconv_strips_arm)
 from .direct_conv_patch import DIRECT_CONV_PATCH_KEY, patch_direct_conv
@@ -69,7 +70,8 @@ def _arch_patches(target: Target) -> tuple:
         return every_arch + (("shared_weights_patch", SHARED_WEIGHTS_ARM_PATCH_KEY, patch_shared_weights_arm),
                              ("dw_block_patch", DW_BLOCK_ARM_PATCH_KEY, patch_dw_block_arm),
                              ("winograd_strips_patch", WINOGRAD_STRIPS_ARM_PATCH_KEY, patch_winograd_strips_arm),
-                             ("deconv_strips_patch", DECONV_STRIPS_ARM_PATCH_KEY, patch_deconv_strips_arm))
+                             ("deconv_strips_patch", DECONV_STRIPS_ARM_PATCH_KEY, patch_deconv_strips_arm),
+                             ("binaryop_inplace_patch", BINARYOP_INPLACE_ARM_PATCH_KEY, patch_binaryop_inplace_arm))
     if target.arch != "x86_64":
         return every_arch
     return every_arch + (
