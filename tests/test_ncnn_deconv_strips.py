@@ -12,17 +12,15 @@ the build's bound in fp16; and the arena's held-peak far below what the whole-ma
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgepack.backends.ncnn.winograd_strips_patch import STRIP_BYTES
-from edgepack.runner import command_for_cpu
+from test_memory import held_peak
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
-from test_ncnn_winograd_strips import _held_peak, assert_arm64_builds_match_and_bound_the_tensors
+from test_ncnn_winograd_strips import assert_arm64_builds_match_and_bound_the_tensors
 
 H, W = 96, 64
 # the arena's held-peak allowed, at 1 and 2 threads: halfway between this patch (x86, on AVX-512 natively and
@@ -68,10 +66,7 @@ def test_deconv_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
     x = np.random.default_rng(22).standard_normal((1, 16, H, W)).astype(np.float32)
     assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path, cpus=(
         "native", "native isa=avx2", "Haswell-noTSX", "Nehalem"))
-    st = subprocess.run(command_for_cpu(art, "native") + ["selftest", "--runs", "1", "--threads", "1"],
-                        capture_output=True, text=True, timeout=300, env={**os.environ, "EDGEPACK_NCNN_TRACE": "1"})
-    assert st.returncode == 0, st.stdout + st.stderr[-2000:]
-    peak = _held_peak(st.stderr)
+    peak = held_peak(art)
     assert 2 << 20 < peak < X86_BOUND, peak
 
 

@@ -21,9 +21,7 @@ layer's whole-map im2col."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 
 import numpy as np
 import onnx
@@ -32,7 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from clirun import run_artifact_on, run_edgepack
 from edgepack.backends.ncnn.winograd_strips_patch import STRIP_BYTES
-from edgepack.runner import command_for_cpu
+from test_memory import held_peak
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
 H, W = 216, 96
@@ -110,11 +108,7 @@ def test_im2col_strips_match_onnxruntime_and_bound_the_tensors(tmp_path):
     # direct=0: ncnn's own kernels, so both layers run as im2col + GEMM on every CPU
     assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path, cpus=(
         "native direct=0", "native isa=avx2,direct=0", "Haswell-noTSX direct=0", "Nehalem", "native isa=sse"))
-    st = subprocess.run(command_for_cpu(art, "native") + ["selftest", "--runs", "1", "--threads", "1"],
-                        capture_output=True, text=True, timeout=300,
-                        env={**os.environ, "EDGEPACK_NCNN_OPTIONS": "direct=0", "EDGEPACK_NCNN_TRACE": "1"})
-    assert st.returncode == 0, st.stdout + st.stderr[-2000:]
-    peak = _held_peak(st.stderr)
+    peak = held_peak(art, "direct=0")
     # alive at once: the input (2.7 MB), the first layer's output (1.3 MB), a bordered strip and the GEMM's
     # tiles: 9.6 MB on an AVX-512 host, where the library that bordered the whole input first held 11.4 MB
     # (patch version 2). The 5x5 layer's whole im2col alone is 33 MB
@@ -237,10 +231,7 @@ def test_one_row_maps_run_in_pieces_match_onnxruntime_and_bound_the_tensors(tmp_
     # (the pieces' seams: 1296 and 1360 frames a piece, the last ones partial)
     assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path, cpus=(
         "native", "native isa=avx2", "Haswell-noTSX", "Nehalem"))
-    st = subprocess.run(command_for_cpu(art, "native") + ["selftest", "--runs", "1", "--threads", "1"],
-                        capture_output=True, text=True, timeout=300, env={**os.environ, "EDGEPACK_NCNN_TRACE": "1"})
-    assert st.returncode == 0, st.stdout + st.stderr[-2000:]
-    peak = _held_peak(st.stderr)
+    peak = held_peak(art)
     # alive at once, run whole (patch version 3): the input (1.9 MB), the STFT's output (1.5 MB) and its
     # whole im2col (4.9 MB): 8.4 MB; in pieces, each im2col about a strip (2 MiB): 5.8 MB on an AVX-512 host
     assert peak < 7.0e6, peak
