@@ -52,7 +52,7 @@ from pathlib import Path
 from .source_patch import apply_file_edits, file_edits_key
 
 WINOGRAD_STRIPS_PATCH_VERSION = 4  # 2: im2col + GEMM in strips too; 3: the strips border their own rows; 4: columns
-STRIP_BYTES = 2 << 20   # a strip's transformed input or im2col: about the L2 of the cores it was measured on (2 MiB)
+STRIP_BYTES = 1 << 20   # EXPERIMENT 1 MiB
 
 _X86_ANCHOR = "// edgepack (direct_conv_patch.py): direct 3x3"  # what follows the namespace's start on x86
 _HELPER = r'''// ---- edgepack (winograd_strips_patch.py) ----
