@@ -228,7 +228,7 @@ def test_one_row_maps_run_in_pieces_match_onnxruntime_and_bound_the_tensors(tmp_
     t = np.arange(SAMPLES) / 16000
     noise = np.random.default_rng(15).standard_normal(SAMPLES)
     x = (np.sin(2 * np.pi * 440 * t) + 0.3 * noise).astype(np.float32).reshape(1, 1, SAMPLES)
-    # (the pieces' seams: 1296 and 1360 frames a piece, the last ones partial)
+    # (the pieces' seams: 640 and 672 frames a piece, the last ones partial)
     assert_matches_onnxruntime_on_every_cpu(model, art, x, tmp_path, cpus=(
         "native", "native isa=avx2", "Haswell-noTSX", "Nehalem"))
     peak = held_peak(art)
