@@ -191,16 +191,18 @@ def test_memory_lean_keeps_exact_fp16_weights_at_half_the_bytes(tmp_path):
     assert lean_peak <= fast_peak
 
 
-def _traced_run(artifact, switches: str) -> str:
-    """The stderr of one run on 1 thread with the engine's EDGEPACK_NCNN_TRACE lines (and EDGEPACK_NCNN_OPTIONS)."""
+def _traced_run(artifact, switches: str, command: tuple) -> str:
+    """The stderr of `artifact COMMAND` (one run on 1 thread) with the engine's EDGEPACK_NCNN_TRACE lines (and
+    EDGEPACK_NCNN_OPTIONS); a non-zero exit fails."""
     env = {**os.environ, "EDGEPACK_NCNN_TRACE": "1", "EDGEPACK_NCNN_OPTIONS": switches}
-    return subprocess.run([str(artifact), "bench", "--runs", "1", "--warmup", "0", "--threads", "1"], capture_output=True,
-                          text=True, timeout=300, check=True, env=env).stderr
+    proc = subprocess.run([str(artifact), *command], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    return proc.stderr
 
 
 def memory_trace(artifact: str, switches: str = "") -> dict[str, tuple[int, int]]:
-    """(VmRSS, VmHWM) in bytes once loaded ("loaded") and after one run ("ran"), 1 thread (_traced_run)."""
-    err = _traced_run(artifact, switches)
+    """(VmRSS, VmHWM) in bytes once loaded ("loaded") and after one run ("ran"), 1 thread (_traced_run of a bench)."""
+    err = _traced_run(artifact, switches, ("bench", "--runs", "1", "--warmup", "0", "--threads", "1"))
     found = {stage: (int(rss) * 1024, int(hwm) * 1024) for stage, rss, hwm in
              re.findall(r"ncnn-trace: (loaded|ran) VmRSS=(\d+) kB VmHWM=(\d+) kB", err)}
     assert set(found) == {"loaded", "ran"}, err[-2000:]
@@ -208,8 +210,9 @@ def memory_trace(artifact: str, switches: str = "") -> dict[str, tuple[int, int]
 
 
 def held_peak(artifact, switches: str = "") -> int:
-    """The most the arena's tensors held at once in one run, in bytes, 1 thread (_traced_run)."""
-    err = _traced_run(artifact, switches)
+    """The most the arena's tensors held at once in one run, in bytes, 1 thread: a traced selftest, so the run's
+    outputs must also match the artifact's golden ones."""
+    err = _traced_run(artifact, switches, ("selftest", "--runs", "1", "--threads", "1"))
     peaks = re.findall(r"ncnn-trace: ran .* held-peak=(\d+) kB", err)
     assert peaks, err[-2000:]
     return int(peaks[-1]) * 1024

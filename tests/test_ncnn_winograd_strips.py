@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from clirun import run_artifact_on, run_edgepack
 from edgepack.backends.ncnn.winograd_strips_patch import STRIP_BYTES
+from models import saved_graph
 from test_memory import held_peak
 from test_ncnn_thread_split import assert_matches_onnxruntime_on_every_cpu, build_fp32_ncnn
 
@@ -208,10 +209,7 @@ def _row_model(path):
     f = TensorProto.FLOAT
     graph = helper.make_graph(nodes, "row_pieces", [helper.make_tensor_value_info("x", f, [1, 1, SAMPLES])],
                               [helper.make_tensor_value_info("y", f, [1, 32, FRAMES])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return saved_graph(graph, path, opset=13)
 
 
 def test_the_row_shapes_take_pieces():

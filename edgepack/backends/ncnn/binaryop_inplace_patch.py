@@ -56,7 +56,6 @@ _TOP_NEW = _TOP_OLD + r"""    // edgepack (binaryop_inplace_patch.py): the outpu
 """
 
 
-
 def _edits(forwards: int) -> tuple:
     """The two edits, in a file with ``forwards`` two-input forward functions."""
     return (("each input's reference count on entry", _REFS_OLD, _REFS_NEW, forwards),

@@ -136,6 +136,7 @@ def immintrin_include(patch: str) -> str:
             f"#include <immintrin.h> // edgepack ({patch}): F16C functions with a target attribute, in every ISA's build\n"
             "#endif\n")
 
+
 _HELPERS = F16C_HELPERS + r'''// ---- edgepack (winograd_fp16_patch.py) ----
 #ifndef EP_WINOGRAD_FP16_DEFINED
 #define EP_WINOGRAD_FP16_DEFINED
